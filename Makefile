@@ -1,0 +1,33 @@
+# `make test` and `make demo` each create .venv when it is missing, so either works alone on a
+# fresh clone. The stamp reinstalls when the dependency list or the torch pin changes.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RANKS ?= 3
+
+.PHONY: venv test lint demo clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# pytest exits 5 when it collects nothing: that is a broken suite here, never a pass.
+test: lint
+	@$(PY) -m pytest -q; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+demo: $(STAMP)
+	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py examples/balanced_toy.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

@@ -1,0 +1,39 @@
+"""lbtrain: exact, load-balanced synchronous data-parallel training on heterogeneous replicas.
+
+Exports load lazily, so `import lbtrain.balancer` (pure Python) does not pull in torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "BalancePlan": "lbtrain.balancer",
+    "ReplicaSpeed": "lbtrain.balancer",
+    "plan_batches": "lbtrain.balancer",
+    "Communicator": "lbtrain.comm",
+    "MPICommunicator": "lbtrain.comm",
+    "SingleProcessCommunicator": "lbtrain.comm",
+    "world_communicator": "lbtrain.comm",
+    "BalancedLoader": "lbtrain.data",
+    "balanced_loader": "lbtrain.data",
+    "sync_gradients": "lbtrain.gradients",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lbtrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,232 @@
+"""Per-replica batch sizes for one global batch: the policies and the plan they produce."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lbtrain.balancer.replica import ReplicaSpeed, as_replica_speed
+from lbtrain.balancer.rounding import largest_remainder, min_max_round, water_fill
+
+__all__ = ["POLICIES", "BalancePlan", "plan_batches"]
+
+POLICIES = ("equal", "proportional", "cost")
+
+
+@dataclass(frozen=True)
+class BalancePlan:
+    """How one global batch is shared among replicas.
+
+    Args:
+        policy: the policy that produced the plan (one of POLICIES).
+        global_batch_size: B, the samples in one full global batch.
+        batch_sizes: b_i per rank; they sum to B.
+        replicas: the speed model and cap of each rank that the plan was computed from.
+        min_batch: the smallest batch any rank may get.
+
+    The weight of rank i is b_i / B: scaling rank i's mean-loss gradient by it and summing over
+    ranks gives the mean gradient over the global batch.
+    """
+
+    policy: str
+    global_batch_size: int
+    batch_sizes: tuple[int, ...]
+    replicas: tuple[ReplicaSpeed, ...]
+    min_batch: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
+        object.__setattr__(
+            self,
+            "replicas",
+            tuple(as_replica_speed(r, i) for i, r in enumerate(self.replicas)),
+        )
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy={self.policy!r} is unknown; choose one of {POLICIES}")
+        if len(self.batch_sizes) != len(self.replicas):
+            raise ValueError(
+                f"batch_sizes has {len(self.batch_sizes)} entries but replicas has "
+                f"{len(self.replicas)}; a plan needs one of each per rank"
+            )
+        if any(not isinstance(b, int) or b < self.min_batch for b in self.batch_sizes):
+            raise ValueError(
+                f"batch_sizes={list(self.batch_sizes)} must be integers >= min_batch="
+                f"{self.min_batch}"
+            )
+        if sum(self.batch_sizes) != self.global_batch_size:
+            raise ValueError(
+                f"batch_sizes={list(self.batch_sizes)} sum to {sum(self.batch_sizes)}, not "
+                f"global_batch_size={self.global_batch_size}"
+            )
+        for rank, (b, replica) in enumerate(zip(self.batch_sizes, self.replicas, strict=True)):
+            if replica.cap is not None and b > replica.cap:
+                raise ValueError(
+                    f"rank {rank} has batch size {b} above its cap {replica.cap}; recompute "
+                    "the plan with plan_batches"
+                )
+
+    @property
+    def world_size(self) -> int:
+        """Number of replicas P."""
+        return len(self.batch_sizes)
+
+    @property
+    def weights(self) -> tuple[float, ...]:
+        """w_i = b_i / B for a full global batch."""
+        return tuple(b / self.global_batch_size for b in self.batch_sizes)
+
+    @property
+    def predicted_step_times(self) -> tuple[float, ...]:
+        """Predicted compute seconds per step for each rank, alpha_i + beta_i * b_i."""
+        return tuple(r.step_time(b) for r, b in zip(self.replicas, self.batch_sizes, strict=True))
+
+    @property
+    def predicted_step_time(self) -> float:
+        """Predicted seconds of one synchronous step: the slowest rank's compute time."""
+        return max(self.predicted_step_times)
+
+    @property
+    def predicted_idle_times(self) -> tuple[float, ...]:
+        """Predicted seconds each rank waits for the slowest one, per step."""
+        slowest = self.predicted_step_time
+        return tuple(slowest - t for t in self.predicted_step_times)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; derived figures are included for readers, ignored on load."""
+        return {
+            "policy": self.policy,
+            "global_batch_size": self.global_batch_size,
+            "batch_sizes": list(self.batch_sizes),
+            "min_batch": self.min_batch,
+            "replicas": [r.to_dict() for r in self.replicas],
+            "weights": list(self.weights),
+            "predicted_step_times": list(self.predicted_step_times),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BalancePlan:
+        """Rebuild and re-validate a plan written by `to_dict`."""
+        try:
+            return cls(
+                policy=data["policy"],
+                global_batch_size=data["global_batch_size"],
+                batch_sizes=tuple(data["batch_sizes"]),
+                replicas=tuple(ReplicaSpeed(**r) for r in data["replicas"]),
+                min_batch=data.get("min_batch", 1),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(
+                f"not a BalancePlan dict ({exc}); expected BalancePlan.to_dict()"
+            ) from exc
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Serialise to JSON text."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> BalancePlan:
+        """Parse JSON text written by `to_json`."""
+        return cls.from_dict(json.loads(text))
+
+
+def plan_batches(
+    ranks: Sequence[object],
+    global_batch_size: int,
+    policy: str = "proportional",
+    *,
+    caps: Sequence[int | None] | None = None,
+    min_batch: int = 1,
+) -> BalancePlan:
+    """Share a global batch of B samples among replicas of unequal speed.
+
+    Args:
+        ranks: one entry per replica: a throughput in samples/s, a ReplicaSpeed, or a
+            profile record with `replica_speed()` (e.g. lbtrain.profiling.ReplicaProfile).
+        global_batch_size: B, samples per global batch; at least min_batch per replica.
+        policy: "equal" (B/P each, the unbalanced baseline), "proportional" (b_i proportional
+            to throughput, largest-remainder rounding), or "cost" (minimise the slowest
+            replica's alpha_i + beta_i * b_i).
+        caps: optional per-replica maximum batch sizes (memory), combined with any cap the
+            entries carry by taking the smaller.
+        min_batch: smallest batch any replica gets (>= 1).
+
+    Returns:
+        A validated BalancePlan whose batch sizes sum to B and honour caps and min_batch.
+
+    Example:
+        >>> plan_batches([100.0, 300.0], 8).batch_sizes
+        (2, 6)
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"policy={policy!r} is unknown; choose one of {', '.join(POLICIES)}")
+    if len(ranks) == 0:
+        raise ValueError("ranks is empty: pass one throughput or profile per replica")
+    replicas = [as_replica_speed(entry, i) for i, entry in enumerate(ranks)]
+    count = len(replicas)
+    if isinstance(min_batch, bool) or not isinstance(min_batch, int) or min_batch < 1:
+        raise ValueError(f"min_batch={min_batch!r} is invalid: it must be an integer >= 1")
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int):
+        raise ValueError(
+            f"global_batch_size={global_batch_size!r} is invalid: it must be an integer"
+        )
+    if global_batch_size < count * min_batch:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} is smaller than {count} replicas x "
+            f"min_batch={min_batch}; raise the global batch to at least {count * min_batch} "
+            "or use fewer replicas"
+        )
+    replicas = _merge_caps(replicas, caps)
+    upper = [math.inf if r.cap is None else r.cap for r in replicas]
+    for i, cap in enumerate(upper):
+        if cap < min_batch:
+            raise ValueError(
+                f"rank {i} has cap {cap} below min_batch={min_batch}; lower min_batch or "
+                "give that replica more memory"
+            )
+    if sum(upper) < global_batch_size:
+        raise ValueError(
+            f"caps {[r.cap for r in replicas]} hold at most {int(sum(upper))} samples, fewer "
+            f"than global_batch_size={global_batch_size}; lower the global batch or add replicas"
+        )
+    lower = [min_batch] * count
+
+    if policy == "cost":
+        alphas = [r.alpha for r in replicas]
+        betas = [r.beta for r in replicas]
+        targets = water_fill(global_batch_size, alphas, betas, lower, upper)
+        sizes = min_max_round(targets, global_batch_size, alphas, betas, lower, upper)
+    else:
+        speeds = [1.0] * count if policy == "equal" else [r.throughput for r in replicas]
+        # Proportional sharing is water-filling with no fixed cost: b_i = T * s_i.
+        targets = water_fill(
+            global_batch_size, [0.0] * count, [1 / s for s in speeds], lower, upper
+        )
+        sizes = largest_remainder(targets, global_batch_size, lower, upper, tie_break=speeds)
+    return BalancePlan(
+        policy=policy,
+        global_batch_size=global_batch_size,
+        batch_sizes=tuple(sizes),
+        replicas=tuple(replicas),
+        min_batch=min_batch,
+    )
+
+
+def _merge_caps(
+    replicas: list[ReplicaSpeed], caps: Sequence[int | None] | None
+) -> list[ReplicaSpeed]:
+    if caps is None:
+        return replicas
+    if len(caps) != len(replicas):
+        raise ValueError(
+            f"caps has {len(caps)} entries but ranks has {len(replicas)}; give one cap (or "
+            "None) per replica"
+        )
+    merged = []
+    for replica, cap in zip(replicas, caps, strict=True):
+        if cap is not None and (replica.cap is None or cap < replica.cap):
+            replica = ReplicaSpeed(replica.throughput, replica.alpha, replica.beta, cap)
+        merged.append(replica)
+    return merged

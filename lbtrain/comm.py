@@ -1,0 +1,191 @@
+"""Communicators: the only module in lbtrain that imports mpi4py.
+
+Library code receives a `Communicator` explicitly and never reaches for COMM_WORLD. World
+size 1 uses `SingleProcessCommunicator`, so single-process runs and unit tests need no MPI.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+__all__ = [
+    "Communicator",
+    "MPICommunicator",
+    "SingleProcessCommunicator",
+    "launched_by_mpi",
+    "world_communicator",
+]
+
+# Variables that MPICH/Hydra, Open MPI, Intel MPI, Slurm's PMI and PMIx set in every rank.
+_LAUNCHER_SIZE_VARIABLES = (
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMIX_SIZE",
+    "MPI_LOCALNRANKS",
+    "HYDRA_CONTROL_FD",
+)
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    """What lbtrain needs from a process group."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def allreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> None:
+        """Sum `buffer` over all ranks, in place. CPU or CUDA tensors, or numpy arrays."""
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Gather one small picklable object from each rank, in rank order, on every rank."""
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """Return `root`'s object on every rank."""
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+
+    def abort(self, code: int = 1) -> None:
+        """Terminate every rank of the job (never returns)."""
+
+
+class SingleProcessCommunicator:
+    """The trivial communicator of a world with one rank."""
+
+    rank = 0
+    size = 1
+
+    def allreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> None:
+        """The sum over one rank is the buffer itself."""
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """A list holding this rank's object."""
+        return [obj]
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """This rank's object."""
+        if root != 0:
+            raise ValueError(f"Invalid root {root}, root should be 0 in a world of size 1")
+        return obj
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""
+
+    def abort(self, code: int = 1) -> None:
+        """Exit this process."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class MPICommunicator:
+    """A Communicator over an mpi4py communicator that the caller passes in.
+
+    Buffers travel through mpi4py's buffer interface (no pickling). CUDA tensors are staged
+    through a pinned host buffer, so CPU and GPU ranks can share one job whatever the MPI
+    library's CUDA support.
+
+    Args:
+        comm: an `mpi4py.MPI.Comm`, e.g. `MPI.COMM_WORLD` or a split of it.
+    """
+
+    def __init__(self, comm: Any) -> None:
+        self._comm = comm
+        self._staging: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the communicator."""
+        return self._comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self._comm.Get_size()
+
+    def allreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> None:
+        """Sum `buffer` over all ranks, in place."""
+        from mpi4py import MPI
+
+        if isinstance(buffer, np.ndarray):
+            self._comm.Allreduce(MPI.IN_PLACE, _contiguous(buffer), op=MPI.SUM)
+            return
+        if not buffer.is_contiguous():
+            raise ValueError("allreduce_sum_ needs a contiguous tensor; call .contiguous() first")
+        if buffer.device.type == "cpu":
+            self._comm.Allreduce(MPI.IN_PLACE, buffer.numpy(), op=MPI.SUM)
+            return
+        host = self._host_buffer(buffer)
+        host.copy_(buffer.view(-1))
+        self._comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.SUM)
+        buffer.view(-1).copy_(host, non_blocking=False)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        """Gather one small object per rank, in rank order."""
+        return self._comm.allgather(obj)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        """Return `root`'s object on every rank."""
+        if not 0 <= root < self.size:
+            raise ValueError(
+                f"Invalid root {root}, root should be in the interval [0, {self.size - 1}]"
+            )
+        return self._comm.bcast(obj, root=root)
+
+    def barrier(self) -> None:
+        """Wait for all ranks."""
+        self._comm.Barrier()
+
+    def abort(self, code: int = 1) -> None:
+        """Abort every rank of the job."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._comm.Abort(code)
+
+    def _host_buffer(self, buffer: torch.Tensor) -> torch.Tensor:
+        key = (buffer.dtype, buffer.numel())
+        host = self._staging.get(key)
+        if host is None:
+            host = torch.empty(buffer.numel(), dtype=buffer.dtype, pin_memory=True)
+            self._staging[key] = host
+        return host
+
+
+def _contiguous(array: np.ndarray) -> np.ndarray:
+    if not array.flags.c_contiguous:
+        raise ValueError("allreduce_sum_ needs a C-contiguous numpy array")
+    return array
+
+
+def launched_by_mpi() -> bool:
+    """True when an MPI launcher (mpiexec, srun) started this process."""
+    return any(name in os.environ for name in _LAUNCHER_SIZE_VARIABLES)
+
+
+def world_communicator() -> Communicator:
+    """The communicator for the whole job: MPI when launched by mpiexec, else single-process.
+
+    A plain `python` or `lbtrain` start does not import mpi4py at all, so single-process use
+    works even where the MPI library is missing.
+    """
+    if not launched_by_mpi():
+        return SingleProcessCommunicator()
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise RuntimeError(
+            f"launched by an MPI launcher but mpi4py cannot be imported ({exc}); install it "
+            "with `pip install mpi4py mpich`, or build it against your site MPI as the README "
+            "explains"
+        ) from exc
+    if MPI.COMM_WORLD.Get_size() == 1:
+        return SingleProcessCommunicator()
+    return MPICommunicator(MPI.COMM_WORLD)

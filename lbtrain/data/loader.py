@@ -1,0 +1,119 @@
+"""`balanced_loader`: this rank's DataLoader for a load-balanced global batch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset
+
+from lbtrain.balancer import BalancePlan, plan_batches
+from lbtrain.data.sampler import BalancedBatchSampler
+
+__all__ = ["BalancedLoader", "balanced_loader"]
+
+
+class BalancedLoader(DataLoader):
+    """A DataLoader over this rank's shares, which also knows each step's gradient weight.
+
+    Iterate it like any DataLoader. While iterating, `weight` holds the current step's
+    b_i / B_step, the factor to pass to `sync_gradients`. `step_weights` lists them all.
+    """
+
+    batch_sampler: BalancedBatchSampler
+
+    def __init__(self, dataset: Dataset, batch_sampler: BalancedBatchSampler, **kwargs: Any):
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        self.weight: float = batch_sampler.step_weights[0]
+
+    @property
+    def plan(self) -> BalancePlan:
+        """The plan shared by all ranks."""
+        return self.batch_sampler.plan
+
+    @property
+    def step_weights(self) -> tuple[float, ...]:
+        """This rank's weight for each step of an epoch."""
+        return self.batch_sampler.step_weights
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's permutation; call with the same value on every rank."""
+        self.batch_sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        # Workers prefetch ahead of the consumer, so the weight follows the batches
+        # handed out, not the sampler's position.
+        weights = self.step_weights
+        for step, batch in enumerate(super().__iter__()):
+            self.weight = weights[step]
+            yield batch
+
+
+def balanced_loader(
+    ranks: BalancePlan | Sequence[object],
+    dataset: Dataset,
+    *,
+    global_batch_size: int | None = None,
+    rank: int,
+    policy: str = "proportional",
+    caps: Sequence[int | None] | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = False,
+    num_workers: int = 0,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    pin_memory: bool = False,
+) -> BalancedLoader:
+    """This rank's DataLoader: its share of every load-balanced global batch.
+
+    Args:
+        ranks: a BalancePlan, or one entry per replica (a throughput in samples/s or a
+            profile record) from which a plan is made with `policy` and `caps`.
+        dataset: a map-style dataset, identical on every rank.
+        global_batch_size: B; required unless `ranks` is a plan (then it must match or be None).
+        rank: this replica's rank in [0, P).
+        policy: balancing policy when a plan is computed ("equal", "proportional", "cost").
+        caps: optional per-replica batch-size caps when a plan is computed.
+        shuffle, seed: one permutation per epoch, seeded by seed + epoch, the same on all ranks.
+        drop_last: drop the short last global batch instead of splitting it by the plan.
+        num_workers, collate_fn, pin_memory: passed to torch's DataLoader.
+
+    Returns:
+        A BalancedLoader; its `weight` attribute is this step's b_i / B_step.
+
+    Example:
+        >>> loader = balanced_loader([120.0, 40.0], dataset, global_batch_size=64, rank=comm.rank)
+        >>> for epoch in range(epochs):
+        ...     loader.set_epoch(epoch)
+        ...     for x, y in loader:
+        ...         loss_fn(model(x), y).backward()
+        ...         sync_gradients(model, loader.weight, comm)
+    """
+    if isinstance(ranks, BalancePlan):
+        plan = ranks
+        if global_batch_size is not None and global_batch_size != plan.global_batch_size:
+            raise ValueError(
+                f"global_batch_size={global_batch_size} disagrees with the plan's "
+                f"{plan.global_batch_size}; pass None or the plan's value"
+            )
+    else:
+        if global_batch_size is None:
+            raise ValueError("global_batch_size is required when ranks is not a BalancePlan")
+        plan = plan_batches(ranks, global_batch_size, policy, caps=caps)
+    try:
+        num_samples = len(dataset)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise TypeError(
+            f"dataset of type {type(dataset).__name__} has no len(); balanced_loader needs a "
+            "map-style dataset"
+        ) from exc
+    sampler = BalancedBatchSampler(
+        num_samples, plan, rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+    )
+    return BalancedLoader(
+        dataset,
+        sampler,
+        num_workers=num_workers,
+        collate_fn=collate_fn,
+        pin_memory=pin_memory,
+    )

@@ -1,0 +1,145 @@
+"""The batch sampler that cuts every global batch into per-rank shares."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+from lbtrain.balancer import BalancePlan
+from lbtrain.balancer.rounding import largest_remainder
+
+__all__ = ["BalancedBatchSampler", "epoch_schedule"]
+
+
+def epoch_schedule(
+    num_samples: int, plan: BalancePlan, drop_last: bool = False
+) -> list[tuple[int, int, tuple[int, ...]]]:
+    """The global batches of one epoch as (start, stop, per-rank share sizes).
+
+    Global batch k covers perm[start:stop]. A short last batch is split by the plan's
+    proportions; if it holds fewer samples than there are ranks, it joins the batch before it,
+    so no rank ever gets an empty batch and no sample is skipped. Every rank computes the same
+    schedule from the same arguments, so the step count agrees without communication.
+    """
+    full = plan.global_batch_size
+    steps = num_samples // full
+    tail = num_samples - steps * full
+    bounds = [(k * full, (k + 1) * full) for k in range(steps)]
+    if tail and not drop_last:
+        if tail >= plan.world_size or not bounds:
+            bounds.append((steps * full, num_samples))
+        else:
+            bounds[-1] = (bounds[-1][0], num_samples)
+    schedule = []
+    for start, stop in bounds:
+        size = stop - start
+        shares = plan.batch_sizes if size == full else _split_like(plan, size)
+        schedule.append((start, stop, tuple(shares)))
+    return schedule
+
+
+def _split_like(plan: BalancePlan, size: int) -> list[int]:
+    if size < plan.world_size:
+        raise ValueError(
+            f"a global batch of {size} samples cannot give each of {plan.world_size} ranks a "
+            "sample; the dataset is smaller than the number of replicas"
+        )
+    targets = [size * w for w in plan.weights]
+    return largest_remainder(
+        targets, size, [1] * plan.world_size, [math.inf] * plan.world_size, plan.batch_sizes
+    )
+
+
+class BalancedBatchSampler(Sampler[list[int]]):
+    """Yields this rank's share of every global batch.
+
+    Each epoch, all ranks draw the same seeded permutation without communicating. Global
+    batch k is `perm[k*B:(k+1)*B]`, cut into contiguous shares of sizes b_0..b_{P-1}; this
+    rank gets share `rank`. Across ranks every sample is seen exactly once per epoch (or,
+    with `drop_last`, every sample but the short tail) and every rank takes the same number
+    of steps.
+
+    Args:
+        num_samples: length of the dataset.
+        plan: the BalancePlan shared by all ranks.
+        rank: this rank, in [0, plan.world_size).
+        shuffle: draw a new permutation each epoch (seeded by seed + epoch).
+        seed: base seed; must be the same on every rank.
+        drop_last: drop the short last global batch instead of splitting it.
+
+    .. warning::
+        Call `set_epoch(epoch)` before each epoch, on every rank, or every epoch repeats the
+        first permutation.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        plan: BalancePlan,
+        rank: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < plan.world_size:
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {plan.world_size - 1}]"
+            )
+        if num_samples < 1:
+            raise ValueError(
+                f"the dataset is empty (num_samples={num_samples}); pass a dataset with samples"
+            )
+        if num_samples < plan.world_size:
+            raise ValueError(
+                f"the dataset has {num_samples} samples, fewer than the {plan.world_size} ranks; "
+                "every rank needs at least one sample per step"
+            )
+        if drop_last and num_samples < plan.global_batch_size:
+            raise ValueError(
+                f"drop_last=True with {num_samples} samples and global_batch_size="
+                f"{plan.global_batch_size} leaves no step; lower the global batch or set "
+                "drop_last=False"
+            )
+        self.num_samples = num_samples
+        self.plan = plan
+        self.rank = rank
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self._schedule = epoch_schedule(num_samples, plan, drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the permutation of `epoch`; call it with the same value on every rank."""
+        self.epoch = epoch
+
+    @property
+    def step_weights(self) -> tuple[float, ...]:
+        """This rank's weight b_i / B_step for each step of an epoch."""
+        return tuple(shares[self.rank] / (stop - start) for start, stop, shares in self._schedule)
+
+    @property
+    def step_batch_sizes(self) -> tuple[int, ...]:
+        """This rank's batch size for each step of an epoch."""
+        return tuple(shares[self.rank] for _, _, shares in self._schedule)
+
+    def permutation(self) -> torch.Tensor:
+        """The epoch's permutation of dataset indices, identical on every rank."""
+        if not self.shuffle:
+            return torch.arange(self.num_samples)
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples, generator=generator)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        perm = self.permutation()
+        for start, _, shares in self._schedule:
+            offset = start + sum(shares[: self.rank])
+            yield perm[offset : offset + shares[self.rank]].tolist()
+
+    def __len__(self) -> int:
+        return len(self._schedule)

@@ -1,0 +1,96 @@
+"""N ranks with unequal shares must make exactly the updates of one process.
+
+Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/exactness.py 5,11,48
+Every rank also trains the single-process reference itself (the data is the same on every
+rank), so each rank checks its own parameters. The naive 1/P average is trained alongside
+and must visibly miss, which shows the comparison can fail.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from lbtrain import balanced_loader, plan_batches, sync_gradients, world_communicator
+from lbtrain.data import epoch_schedule
+
+EPOCHS = 2
+NUM_SAMPLES = 64 * 3 + 29  # three full global batches and a short tail
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4)).double()
+
+
+def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def main() -> None:
+    comm = world_communicator()
+    sizes = [int(s) for s in sys.argv[1].split(",")]
+    if len(sizes) != comm.size:
+        raise ValueError(f"{len(sizes)} batch sizes given for {comm.size} ranks")
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(42)
+    inputs = torch.randn(NUM_SAMPLES, 8, dtype=torch.float64, generator=generator)
+    targets = torch.randint(0, 4, (NUM_SAMPLES,), generator=generator)
+    dataset = TensorDataset(inputs, targets, torch.arange(NUM_SAMPLES))
+
+    plan = plan_batches([float(s) for s in sizes], sum(sizes), "proportional")
+    assert list(plan.batch_sizes) == sizes, plan.batch_sizes
+    loader = balanced_loader(plan, dataset, rank=comm.rank, seed=5)
+
+    weighted, naive, reference = make_model(), make_model(), make_model()
+    opt_weighted, opt_naive, opt_reference = map(make_optimizer, (weighted, naive, reference))
+    loss_fn = nn.CrossEntropyLoss()
+    schedule = epoch_schedule(NUM_SAMPLES, plan)
+
+    for epoch in range(EPOCHS):
+        loader.set_epoch(epoch)
+        seen = []
+        for x, y, index in loader:
+            seen.extend(index.tolist())
+            for model, opt, weight in (
+                (weighted, opt_weighted, loader.weight),
+                (naive, opt_naive, 1.0 / comm.size),
+            ):
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+                sync_gradients(model, weight, comm)
+                opt.step()
+        everyone = sorted(i for part in comm.allgather(seen) for i in part)
+        assert everyone == list(range(NUM_SAMPLES)), "an epoch must cover every sample once"
+
+        perm = loader.batch_sampler.permutation()
+        for start, stop, _ in schedule:
+            batch = perm[start:stop]
+            opt_reference.zero_grad()
+            loss_fn(reference(inputs[batch]), targets[batch]).backward()
+            opt_reference.step()
+
+    exact_diff = (flat_params(weighted) - flat_params(reference)).abs().max().item()
+    naive_diff = (flat_params(naive) - flat_params(reference)).abs().max().item()
+    drift = max(comm.allgather(flat_params(weighted).sum().item())) - min(
+        comm.allgather(flat_params(weighted).sum().item())
+    )
+    assert exact_diff < 1e-10, f"rank {comm.rank}: weighted sync differs by {exact_diff:.3e}"
+    assert naive_diff > 1e-3, f"rank {comm.rank}: naive 1/P average matched ({naive_diff:.3e})"
+    assert drift == 0.0, f"ranks disagree on parameters by {drift}"
+    if comm.rank == 0:
+        print(
+            f"exactness ok: ranks={comm.size} batch_sizes={sizes} steps/epoch={len(loader)} "
+            f"weighted max|diff|={exact_diff:.2e} naive 1/P max|diff|={naive_diff:.2e}"
+        )
+
+
+if __name__ == "__main__":
+    main()

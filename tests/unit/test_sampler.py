@@ -1,0 +1,140 @@
+"""Balanced sampling, checked as a whole: every rank's sampler built in one process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import TensorDataset
+
+from lbtrain import balanced_loader, plan_batches
+from lbtrain.data import BalancedBatchSampler
+
+
+def all_ranks(num_samples, plan, **kwargs):
+    return [BalancedBatchSampler(num_samples, plan, r, **kwargs) for r in range(plan.world_size)]
+
+
+@st.composite
+def plans_and_sizes(draw):
+    count = draw(st.integers(min_value=1, max_value=6))
+    speeds = draw(st.lists(st.floats(0.5, 100.0), min_size=count, max_size=count))
+    batch = draw(st.integers(min_value=count, max_value=80))
+    policy = draw(st.sampled_from(["equal", "proportional", "cost"]))
+    plan = plan_batches(speeds, batch, policy)
+    num_samples = draw(st.integers(min_value=count, max_value=400))
+    return plan, num_samples
+
+
+@settings(max_examples=200, deadline=None)
+@given(plans_and_sizes(), st.integers(0, 5), st.booleans())
+def test_shares_are_disjoint_cover_the_data_and_step_counts_agree(case, epoch, shuffle):
+    plan, num_samples = case
+    samplers = all_ranks(num_samples, plan, shuffle=shuffle, seed=7)
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+    per_rank = [list(s) for s in samplers]
+    steps = {len(batches) for batches in per_rank}
+    assert len(steps) == 1, "every rank must take the same number of steps"
+    assert {len(s) for s in samplers} == steps
+    seen = [i for batches in per_rank for batch in batches for i in batch]
+    assert sorted(seen) == list(range(num_samples)), "each sample exactly once per epoch"
+    for step in range(steps.pop()):
+        assert all(len(batches[step]) >= 1 for batches in per_rank), "no empty batch"
+        weights = [s.step_weights[step] for s in samplers]
+        assert sum(weights) == pytest.approx(1.0)
+        step_total = sum(len(batches[step]) for batches in per_rank)
+        for rank, batches in enumerate(per_rank):
+            assert weights[rank] == pytest.approx(len(batches[step]) / step_total)
+
+
+@settings(max_examples=100, deadline=None)
+@given(plans_and_sizes())
+def test_drop_last_runs_only_full_global_batches(case):
+    plan, num_samples = case
+    if num_samples < plan.global_batch_size:
+        with pytest.raises(ValueError, match="drop_last=True"):
+            BalancedBatchSampler(num_samples, plan, 0, drop_last=True)
+        return
+    samplers = all_ranks(num_samples, plan, drop_last=True)
+    per_rank = [list(s) for s in samplers]
+    full_steps = num_samples // plan.global_batch_size
+    for rank, batches in enumerate(per_rank):
+        assert len(batches) == full_steps
+        assert all(len(b) == plan.batch_sizes[rank] for b in batches)
+    seen = [i for batches in per_rank for batch in batches for i in batch]
+    assert len(seen) == len(set(seen)) == full_steps * plan.global_batch_size
+
+
+def test_global_batch_k_is_a_contiguous_slice_of_one_permutation():
+    plan = plan_batches([1.0, 2.0, 5.0], 16)
+    samplers = all_ranks(50, plan, seed=3)
+    perm = samplers[0].permutation().tolist()
+    per_rank = [list(s) for s in samplers]
+    for step in range(len(per_rank[0])):
+        joined = [i for batches in per_rank for i in batches[step]]
+        assert joined == perm[step * 16 : step * 16 + len(joined)]
+
+
+def test_short_tail_is_split_by_the_plan_proportions():
+    plan = plan_batches([1.0, 3.0], 8)  # (2, 6)
+    samplers = all_ranks(12, plan, shuffle=False)
+    assert [s.step_batch_sizes for s in samplers] == [(2, 1), (6, 3)]
+
+
+def test_tail_smaller_than_world_joins_the_previous_batch():
+    plan = plan_batches([1.0, 1.0, 1.0], 9)
+    samplers = all_ranks(20, plan, shuffle=False)  # 9 + 9 + 2: the 2 cannot feed 3 ranks
+    assert len(samplers[0]) == 2
+    assert sum(s.step_batch_sizes[1] for s in samplers) == 11
+
+
+def test_epochs_differ_and_are_reproducible():
+    plan = plan_batches([1.0, 1.0], 4)
+    sampler = BalancedBatchSampler(40, plan, 0, seed=1)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    second = list(sampler)
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+    assert second != first
+
+
+def test_loader_yields_data_and_tracks_the_current_weight():
+    data = torch.arange(30, dtype=torch.float32).unsqueeze(1)
+    dataset = TensorDataset(data, torch.zeros(30))
+    loader = balanced_loader([1.0, 4.0], dataset, global_batch_size=10, rank=1, seed=0)
+    seen_weights = []
+    for (x, _), expected in zip(loader, loader.step_weights, strict=True):
+        seen_weights.append(loader.weight)
+        assert x.shape[0] == round(expected * 10)
+    assert seen_weights == list(loader.step_weights) == [0.8, 0.8, 0.8]
+
+
+def test_loader_accepts_a_plan_and_rejects_a_conflicting_batch():
+    plan = plan_batches([1.0, 2.0], 6)
+    dataset = TensorDataset(torch.zeros(12))
+    assert len(balanced_loader(plan, dataset, rank=0)) == 2
+    with pytest.raises(ValueError, match="global_batch_size=7 disagrees"):
+        balanced_loader(plan, dataset, global_batch_size=7, rank=0)
+
+
+@pytest.mark.parametrize(
+    ("num_samples", "rank", "message"),
+    [
+        (10, 3, r"Invalid rank 3, rank should be in the interval \[0, 2\]"),
+        (10, -1, r"Invalid rank -1"),
+        (0, 0, r"the dataset is empty"),
+        (2, 0, r"the dataset has 2 samples, fewer than the 3 ranks"),
+    ],
+)
+def test_bad_input_is_named(num_samples, rank, message):
+    plan = plan_batches([1.0, 1.0, 1.0], 6)
+    with pytest.raises(ValueError, match=message):
+        BalancedBatchSampler(num_samples, plan, rank)
+
+
+def test_loader_without_global_batch_is_rejected():
+    with pytest.raises(ValueError, match="global_batch_size is required"):
+        balanced_loader([1.0, 2.0], TensorDataset(torch.zeros(4)), rank=0)
