@@ -21,3 +21,9 @@ def test_an_exception_on_one_rank_aborts_every_rank_with_its_message():
     result = run_mpi(SCRIPTS / "abort_on_error.py", 3, timeout=60)
     assert result.returncode != 0
     assert "boom on rank 1: this message must reach the user" in result.stderr
+
+
+def test_communicator_operations_on_real_ranks():
+    result = run_mpi(SCRIPTS / "comm_ops.py", 3, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "comm ops ok on 3 ranks" in result.stdout

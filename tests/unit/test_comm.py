@@ -1,0 +1,47 @@
+"""The single-process communicator and launcher detection."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lbtrain.comm import SingleProcessCommunicator, launched_by_mpi, world_communicator
+
+
+def test_world_of_one_needs_no_mpi(monkeypatch):
+    for name in (
+        "PMI_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMIX_SIZE",
+        "MPI_LOCALNRANKS",
+        "HYDRA_CONTROL_FD",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    assert not launched_by_mpi()
+    assert isinstance(world_communicator(), SingleProcessCommunicator)
+
+
+def test_plain_start_does_not_import_mpi4py():
+    code = (
+        "import os, sys\n"
+        "for k in ('PMI_SIZE','OMPI_COMM_WORLD_SIZE','PMIX_SIZE','MPI_LOCALNRANKS',"
+        "'HYDRA_CONTROL_FD'): os.environ.pop(k, None)\n"
+        "from lbtrain import world_communicator; world_communicator()\n"
+        "assert 'mpi4py' not in sys.modules"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_single_process_operations():
+    comm = SingleProcessCommunicator()
+    buffer = torch.arange(4.0)
+    comm.allreduce_sum_(buffer)
+    assert buffer.tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert comm.allgather("x") == ["x"]
+    assert comm.bcast(7) == 7
+    with pytest.raises(ValueError, match="Invalid root 1"):
+        comm.bcast(7, root=1)
