@@ -29,7 +29,10 @@ def test_weighted_sum_of_shard_means_is_the_global_mean_and_naive_average_is_not
     sizes = [5, 11, 48]
     shards = torch.split(torch.arange(64), sizes)
     shard_grads = [mean_loss_grads(model, x[idx], y[idx]) for idx in shards]
-    weighted = [sum(g[k] * b / 64 for g, b in zip(shard_grads, sizes)) for k in range(len(full))]
+    weighted = [
+        sum(g[k] * b / 64 for g, b in zip(shard_grads, sizes, strict=True))
+        for k in range(len(full))
+    ]
     naive = [sum(g[k] / 3 for g in shard_grads) for k in range(len(full))]
     for w, f in zip(weighted, full, strict=True):
         torch.testing.assert_close(w, f)
