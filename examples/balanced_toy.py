@@ -56,8 +56,10 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     if comm.rank == 0:
-        print(f"plan ({plan.policy}): batch sizes {plan.batch_sizes}, weights "
-              f"{tuple(round(w, 3) for w in plan.weights)}, {len(loader)} steps/epoch")
+        print(
+            f"plan ({plan.policy}): batch sizes {plan.batch_sizes}, weights "
+            f"{tuple(round(w, 3) for w in plan.weights)}, {len(loader)} steps/epoch"
+        )
 
     start = time.perf_counter()
     for epoch in range(args.epochs):
@@ -73,8 +75,10 @@ def main() -> None:
             totals += torch.tensor([loss.item() * len(y), (logits.argmax(1) == y).sum(), len(y)])
         comm.allreduce_sum_(totals)
         if comm.rank == 0:
-            print(f"epoch {epoch}: loss {totals[0] / totals[2]:.4f} "
-                  f"accuracy {totals[1] / totals[2]:.3f} ({time.perf_counter() - start:.1f}s)")
+            print(
+                f"epoch {epoch}: loss {totals[0] / totals[2]:.4f} "
+                f"accuracy {totals[1] / totals[2]:.3f} ({time.perf_counter() - start:.1f}s)"
+            )
 
     # Replay the same global batches in one process: the result must be the same model.
     reference = make_model()
