@@ -47,10 +47,13 @@ def _split_like(plan: BalancePlan, size: int) -> list[int]:
             f"a global batch of {size} samples cannot give each of {plan.world_size} ranks a "
             "sample; the dataset is smaller than the number of replicas"
         )
-    targets = [size * w for w in plan.weights]
-    return largest_remainder(
-        targets, size, [1] * plan.world_size, [math.inf] * plan.world_size, plan.batch_sizes
-    )
+    caps = [math.inf if r.cap is None else r.cap for r in plan.replicas]
+    if sum(caps) < size:
+        # Only a merged tail (at most P - 1 samples over B) can get here: going one sample
+        # over a cap beats skipping samples or giving some rank an empty batch.
+        caps = [math.inf] * plan.world_size
+    targets = [min(size * w, cap) for w, cap in zip(plan.weights, caps, strict=True)]
+    return largest_remainder(targets, size, [1] * plan.world_size, caps, plan.batch_sizes)
 
 
 class BalancedBatchSampler(Sampler[list[int]]):

@@ -138,3 +138,10 @@ def test_bad_input_is_named(num_samples, rank, message):
 def test_loader_without_global_batch_is_rejected():
     with pytest.raises(ValueError, match="global_batch_size is required"):
         balanced_loader([1.0, 2.0], TensorDataset(torch.zeros(4)), rank=0)
+
+
+def test_merged_tail_keeps_caps_when_the_others_can_take_the_extra():
+    plan = plan_batches([10.0, 1.0], 10, caps=[8, None])
+    assert plan.batch_sizes == (8, 2)
+    samplers = all_ranks(11, plan, shuffle=False)  # 10 + a 1-sample tail, merged
+    assert [s.step_batch_sizes for s in samplers] == [(8,), (3,)]
