@@ -21,6 +21,11 @@ _EXPORTS = {
     "BalancedLoader": "lbtrain.data",
     "balanced_loader": "lbtrain.data",
     "sync_gradients": "lbtrain.gradients",
+    "ReplicaProfile": "lbtrain.profiling",
+    "profile_all": "lbtrain.profiling",
+    "profile_replica": "lbtrain.profiling",
+    "load_profiles": "lbtrain.profiling",
+    "save_profiles": "lbtrain.profiling",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -18,6 +18,7 @@ __all__ = [
     "MPICommunicator",
     "SingleProcessCommunicator",
     "launched_by_mpi",
+    "mpi_library_info",
     "world_communicator",
 ]
 
@@ -189,3 +190,23 @@ def world_communicator() -> Communicator:
     if MPI.COMM_WORLD.Get_size() == 1:
         return SingleProcessCommunicator()
     return MPICommunicator(MPI.COMM_WORLD)
+
+
+def mpi_library_info() -> dict[str, str]:
+    """Versions of mpi4py and of the MPI library it runs on, for `lbtrain env` and bug reports.
+
+    Importing mpi4py.MPI initialises MPI (as a singleton outside mpiexec), so this is only
+    called on request. A missing or broken mpi4py is reported in the result, not raised.
+    """
+    try:
+        import mpi4py
+        from mpi4py import MPI
+    except ImportError as exc:
+        return {"mpi4py": f"not importable ({exc})"}
+    major, minor = MPI.Get_version()
+    library = MPI.Get_library_version().strip().splitlines()
+    return {
+        "mpi4py": mpi4py.__version__,
+        "MPI library": " ".join(library[0].split()) if library else "unknown",
+        "MPI standard": f"{major}.{minor}",
+    }

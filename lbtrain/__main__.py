@@ -1,0 +1,10 @@
+"""`python -m lbtrain` runs the `lbtrain` command line."""
+
+import sys
+
+from lbtrain.cli.main import main
+
+__all__: list[str] = []
+
+if __name__ == "__main__":
+    sys.exit(main())

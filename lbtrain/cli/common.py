@@ -1,0 +1,281 @@
+"""What the CLI verbs share: user errors, collective checks, and the profiling options."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+from lbtrain.comm import Communicator
+from lbtrain.devices import DeviceAssignment, assign_devices
+from lbtrain.emulation import Slowdown, parse_slowdowns
+from lbtrain.profiling import ProfileConfig, ReplicaProfile, load_profiles, profile_all
+from lbtrain.workloads import DEFAULT_WORKLOAD, Workload, available_workloads, get_workload
+
+__all__ = [
+    "CLIError",
+    "CollectiveError",
+    "add_profiling_arguments",
+    "agree",
+    "load_profiles_collective",
+    "positive_float",
+    "positive_int",
+    "run_profiling",
+    "show_defaults",
+]
+
+T = TypeVar("T")
+
+# Errors a check may raise for bad user input or an unusable environment.
+USER_ERRORS = (ValueError, RuntimeError, OSError)
+
+
+class CLIError(Exception):
+    """A user error on this rank: printed as one line, then the job is aborted."""
+
+
+class CollectiveError(CLIError):
+    """A user error that every rank knows about: rank 0 prints it and all ranks exit."""
+
+
+def agree(comm: Communicator, check: Callable[[], T]) -> T:
+    """Run `check` on every rank and fail on all ranks together if it failed on any.
+
+    Collective. A per-rank problem (say cuda:3 on one node) would otherwise leave the other
+    ranks waiting forever in their next collective call.
+
+    Args:
+        comm: the job's communicator.
+        check: validation to run; raises ValueError, RuntimeError or OSError on bad input.
+
+    Returns:
+        What `check` returned on this rank.
+    """
+    try:
+        value, error = check(), None
+    except USER_ERRORS as exc:
+        value, error = None, str(exc)
+    errors = comm.allgather(error)
+    failed = [(rank, message) for rank, message in enumerate(errors) if message is not None]
+    if failed:
+        rank, message = failed[0]
+        if comm.size > 1 and len(failed) < comm.size:
+            message = f"rank {rank}: {message}"
+        raise CollectiveError(message)
+    return value  # type: ignore[return-value]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} must be a finite number > 0")
+    return value
+
+
+def batch_size_list(text: str) -> tuple[int, ...]:
+    """argparse type: comma-separated increasing batch sizes."""
+    try:
+        sizes = tuple(int(item) for item in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of whole numbers, e.g. 16,32,64"
+        ) from None
+    if any(b < 1 for b in sizes) or list(sizes) != sorted(set(sizes)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be distinct increasing sizes >= 1")
+    return sizes
+
+
+def add_profiling_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the options that control how each replica is profiled."""
+    group = parser.add_argument_group("profiling")
+    group.add_argument(
+        "--workload",
+        default=DEFAULT_WORKLOAD,
+        help="what to profile: a registered name "
+        f"({', '.join(available_workloads())}), an entry point of group lbtrain.workloads, "
+        "or package.module:function returning an lbtrain.workloads.Workload; patch-cnn is a "
+        "small CNN on 30-band 7x7 patches whose steps take milliseconds, toy an MLP too fast "
+        "to time reliably",
+    )
+    group.add_argument(
+        "--devices",
+        default="auto",
+        help="device per rank: 'auto' (cuda:<local rank> where the node has a GPU for the "
+        "rank, else cpu), one entry for all ranks (cpu, cuda, cuda:K), or one entry per rank "
+        "such as cpu,cpu,cuda:0,cuda:1",
+    )
+    group.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads per rank (default: the node's cores divided by the ranks on "
+        "that node, at least 1)",
+    )
+    group.add_argument(
+        "--emulate-slowdown",
+        default=None,
+        metavar="F0,F1,...",
+        help="testing aid: rank i sleeps (F_i - 1) x each step's compute time, emulating a "
+        "device F_i times slower; one factor >= 1 per rank, or one for all (default: none)",
+    )
+    group.add_argument(
+        "--time-budget",
+        type=positive_float,
+        default=10.0,
+        help="seconds each replica spends profiling, about",
+    )
+    group.add_argument(
+        "--batch-sizes",
+        type=batch_size_list,
+        default=None,
+        help="comma-separated ladder of batch sizes to time (default: 16, 32, 64, ... up to "
+        "--max-batch, while the time budget lasts)",
+    )
+    group.add_argument(
+        "--max-batch",
+        type=positive_int,
+        default=1024,
+        help="largest batch size of the default ladder",
+    )
+    group.add_argument(
+        "--reference-batch",
+        type=positive_int,
+        default=None,
+        help="batch size at which each rank's samples/s is read off its fitted line, so all "
+        "ranks are compared at one size (default: the largest batch every rank measured; "
+        "balance-report without --profiles: the global batch divided by the ranks)",
+    )
+    group.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=5,
+        help="timed steps per batch size, at least (the median is kept; fast steps are "
+        "repeated more, up to 50, while the budget allows)",
+    )
+    group.add_argument(
+        "--warmup",
+        type=non_negative_int,
+        default=2,
+        help="untimed warm-up steps before timing",
+    )
+    group.add_argument(
+        "--no-memory-cap",
+        action="store_true",
+        help="skip the memory cap (CUDA out-of-memory probe, CPU RAM estimate) (default: "
+        "find the cap)",
+    )
+    group.add_argument("--seed", type=int, default=0, help="seed of the synthetic batches")
+
+
+def _profile_config(args: argparse.Namespace, world_size: int) -> ProfileConfig:
+    min_repeats = min(3, args.repeats)
+    reference = args.reference_batch
+    if reference is None and getattr(args, "global_batch", None) is not None:
+        # The equal share is the batch the report's baseline runs at, and near where the
+        # balanced shares fall, so the throughputs it compares are the ones that matter.
+        reference = max(1, args.global_batch // world_size)
+    return ProfileConfig(
+        batch_sizes=args.batch_sizes,
+        min_batch=min(ProfileConfig.min_batch, args.max_batch),
+        max_batch=args.max_batch,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        max_repeats=max(50, args.repeats),
+        min_repeats=min_repeats,
+        time_budget=args.time_budget,
+        memory_cap=not args.no_memory_cap,
+        seed=args.seed,
+        reference_batch=reference,
+    )
+
+
+def prepare_replica(
+    args: argparse.Namespace, comm: Communicator
+) -> tuple[DeviceAssignment, Slowdown, Workload, ProfileConfig]:
+    """Validate the profiling options on every rank and pick this rank's device; collective."""
+
+    def check() -> tuple[Slowdown, Workload, ProfileConfig]:
+        factors = parse_slowdowns(args.emulate_slowdown, comm.size)
+        config = _profile_config(args, comm.size)
+        return Slowdown(factors[comm.rank]), get_workload(args.workload), config
+
+    slowdown, workload, config = agree(comm, check)
+    assignment = agree(comm, lambda: assign_devices(comm, args.devices, args.threads))
+    return assignment, slowdown, workload, config
+
+
+def run_profiling(args: argparse.Namespace, comm: Communicator) -> list[ReplicaProfile]:
+    """Profile every rank as the options say and return all profiles; collective."""
+    assignment, slowdown, workload, config = prepare_replica(args, comm)
+    assignment.apply()
+    device = assignment.torch_device
+    model = workload.build_model().to(device)
+    optimizer = workload.build_optimizer(model.parameters())
+    return profile_all(
+        comm,
+        model,
+        optimizer,
+        workload.loss_fn,
+        workload.make_batch,
+        device=device,
+        config=config,
+        slowdown=slowdown,
+        workload=workload.name,
+    )
+
+
+def load_profiles_collective(comm: Communicator, path: str) -> list[ReplicaProfile]:
+    """Rank 0 reads a profiles file and every rank gets the profiles, or the same error.
+
+    Under mpiexec the file must describe as many ranks as the job has.
+    """
+    world_size = comm.size if comm.size > 1 else None
+
+    def read() -> list[dict] | None:
+        if comm.rank != 0:
+            return None
+        return [p.to_dict() for p in load_profiles(path, world_size=world_size)]
+
+    entries = comm.bcast(agree(comm, read), root=0)
+    return [ReplicaProfile.from_dict(entry) for entry in entries]
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append "(default: X)" to every option's help that does not state its default yet.
+
+    Used instead of ArgumentDefaultsHelpFormatter so the description keeps its layout.
+    """
+    for action in parser._actions:
+        if not action.help or "(default" in action.help:
+            continue
+        if action.default is None or action.default is False:
+            continue
+        if action.default == argparse.SUPPRESS:
+            continue
+        action.help += " (default: %(default)s)"

@@ -1,0 +1,102 @@
+"""`lbtrain env`: the versions and hardware a bug report needs."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import socket
+import sys
+
+import torch
+
+import lbtrain
+from lbtrain.cli.common import show_defaults
+from lbtrain.comm import Communicator, launched_by_mpi, mpi_library_info
+from lbtrain.devices import default_threads, node_cores, node_layout
+
+__all__ = ["add_parser", "collect", "run"]
+
+DESCRIPTION = """\
+Print the versions of lbtrain, Python, torch, mpi4py and the MPI library, the CUDA devices,
+the world size, the ranks per host and the thread settings. Paste the output into bug
+reports. Run it under mpiexec to see every rank, e.g. `mpiexec -n 2 lbtrain env`.
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register the `env` verb."""
+    parser = subparsers.add_parser(
+        "env",
+        help="print versions, devices and threads for bug reports",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    show_defaults(parser)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _rank_facts(comm: Communicator) -> dict[str, object]:
+    layout = node_layout(comm)
+    cuda = torch.cuda.is_available()
+    return {
+        "rank": comm.rank,
+        "host": layout.host,
+        "local_rank": layout.local_rank,
+        "local_size": layout.local_size,
+        "cores": node_cores(),
+        "default_threads": default_threads(node_cores(), layout.local_size),
+        "torch_threads": torch.get_num_threads(),
+        "cuda_devices": [
+            f"cuda:{i} {torch.cuda.get_device_name(i)} "
+            f"({torch.cuda.get_device_properties(i).total_memory / 2**30:.1f} GiB, "
+            f"sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
+            for i in range(torch.cuda.device_count() if cuda else 0)
+        ],
+    }
+
+
+def collect(comm: Communicator) -> list[tuple[str, str]]:
+    """The lines of the report as (label, value) pairs; collective (one allgather)."""
+    ranks = comm.allgather(_rank_facts(comm))
+    items: list[tuple[str, str]] = [
+        ("lbtrain", lbtrain.__version__),
+        ("Python", sys.version.split()[0]),
+        ("Platform", platform.platform()),
+        ("torch", torch.__version__),
+        ("torch CUDA build", str(torch.version.cuda)),
+        ("CUDA available", str(torch.cuda.is_available())),
+    ]
+    items += list(mpi_library_info().items())
+    items += [
+        ("launched by mpiexec", str(launched_by_mpi())),
+        ("world size", str(comm.size)),
+        ("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "(unset)")),
+        ("matplotlib", "yes" if importlib.util.find_spec("matplotlib") else "no (--plot off)"),
+    ]
+    for facts in ranks:
+        devices = ", ".join(facts["cuda_devices"]) or "none"
+        items.append(
+            (
+                f"rank {facts['rank']}",
+                f"host {facts['host']} (local rank {facts['local_rank']} of "
+                f"{facts['local_size']}), cores {facts['cores']}, default threads "
+                f"{facts['default_threads']}, torch threads {facts['torch_threads']}, "
+                f"CUDA devices: {devices}",
+            )
+        )
+    return items
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> int:
+    """Print the environment on rank 0."""
+    items = collect(comm)
+    if comm.rank == 0:
+        width = max(len(label) for label, _ in items)
+        for label, value in items:
+            print(f"{label + ':':<{width + 1}} {value}")
+        if not launched_by_mpi():
+            print(f"(single process on {socket.gethostname()}; run under mpiexec to see ranks)")
+    return 0

@@ -1,0 +1,104 @@
+"""Entry point of the `lbtrain` command: dispatch to one module per verb."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+import lbtrain
+from lbtrain.cli import balance_report, env, profile
+from lbtrain.cli.common import USER_ERRORS, CLIError, CollectiveError
+from lbtrain.comm import Communicator, world_communicator
+
+__all__ = ["build_parser", "main"]
+
+VERBS = (profile, balance_report, env)
+
+# Rank variables of MPICH/Hydra and Intel MPI, Open MPI, PMIx and Slurm.
+_LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def _launcher_rank() -> int:
+    """This process's rank as the launcher announced it, 0 when there is none.
+
+    Read before any communicator exists, so that a command-line mistake is reported once
+    under mpiexec, not once per rank; every rank still exits with argparse's status 2.
+    """
+    for name in _LAUNCHER_RANK_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subcommand per verb module."""
+    parser = argparse.ArgumentParser(
+        prog="lbtrain",
+        description="Load-balanced synchronous data-parallel training on heterogeneous "
+        "CPU/GPU replicas. Run a subcommand with --help for its options.",
+    )
+    parser.add_argument("--version", action="version", version=f"lbtrain {lbtrain.__version__}")
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for verb in VERBS:
+        verb.add_parser(subparsers)
+    return parser
+
+
+def _error(message: object, comm: Communicator | None = None) -> None:
+    prefix = f"rank {comm.rank}: " if comm is not None and comm.size > 1 else ""
+    text = " ".join(str(message).split())  # one line, whatever the exception text held
+    print(f"lbtrain: error: {prefix}{text}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) -> int:
+    """Run the `lbtrain` command line.
+
+    Args:
+        argv: arguments without the program name; default sys.argv[1:].
+        comm: communicator to use; default the job's (MPI under mpiexec, else one process).
+
+    Returns:
+        The exit status: 0 on success, 2 on a user error. Under MPI, an error on only some
+        ranks aborts the whole job, so nothing is left waiting in a collective call.
+    """
+    parser = build_parser()
+    if _launcher_rank() != 0:
+        with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
+            args = parser.parse_args(argv)
+    else:
+        args = parser.parse_args(argv)
+    if not hasattr(args, "run"):
+        parser.print_help(sys.stderr)
+        return 2
+    if comm is None:
+        try:
+            comm = world_communicator()
+        except RuntimeError as exc:
+            _error(exc)
+            return 2
+    try:
+        return int(args.run(args, comm) or 0)
+    except CollectiveError as exc:
+        # Every rank raised it together, so each can exit normally; one rank reports.
+        if comm.rank == 0:
+            _error(exc)
+        return 2
+    except (CLIError, *USER_ERRORS) as exc:
+        _error(exc, comm)
+        if comm.size > 1:
+            comm.abort(2)
+        return 2
+    except Exception:
+        traceback.print_exc()
+        if comm.size > 1:
+            comm.abort(1)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Heterogeneity emulation: make a replica behave like a device f times slower.
+
+A testing and benchmarking aid, not a performance feature. After each real compute step the
+rank sleeps (f - 1) times that step's compute time, so one machine (or CI) reproduces a
+heterogeneous cluster. Profiling and training apply it through the same `Slowdown` object,
+so the profile predicts what training will see.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+__all__ = ["Slowdown", "parse_slowdowns", "precise_sleep", "slowdown_for_rank"]
+
+# time.sleep overshoots by about 0.1 ms on Linux (timer slack, wake-up latency); sleeping to
+# this margin before the deadline and spinning the rest keeps an emulated 4x rank at 4x even
+# for steps of a millisecond, while the spin costs a negligible share of a core.
+SPIN_MARGIN = 2e-4
+
+
+def precise_sleep(
+    seconds: float,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Sleep `seconds`, to within a few microseconds unless the OS deschedules the process.
+
+    Args:
+        seconds: how long to sleep; nothing happens for seconds <= 0.
+        clock: monotonic clock in seconds.
+        sleep: the coarse sleep used until SPIN_MARGIN before the deadline.
+    """
+    if seconds <= 0:
+        return
+    deadline = clock() + seconds
+    # A loop, not one call: a signal or an early wake-up must not shorten the sleep.
+    while (remaining := deadline - clock()) > SPIN_MARGIN:
+        sleep(remaining - SPIN_MARGIN)
+    while clock() < deadline:
+        pass
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """Stretch each compute step of this rank by a factor, by sleeping after it.
+
+    Args:
+        factor: how many times slower this rank should look (>= 1; 1 means no emulation).
+        sleep: the sleep function (default `precise_sleep`); injectable so tests can use a
+            fake clock.
+
+    Example:
+        >>> slow = Slowdown(3.0)
+        >>> with slow.step():          # doctest: +SKIP
+        ...     loss = train_step()    # sleeps 2x the step's time afterwards
+    """
+
+    factor: float = 1.0
+    sleep: Callable[[float], None] = field(default=precise_sleep, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.factor, bool)
+            or not isinstance(self.factor, int | float)
+            or not math.isfinite(self.factor)
+        ):
+            raise ValueError(f"slowdown factor {self.factor!r} is not a finite number")
+        if self.factor < 1:
+            raise ValueError(
+                f"slowdown factor {self.factor} is below 1: emulation can only slow a rank "
+                "down; use factors >= 1 such as 1,2,4"
+            )
+
+    @property
+    def active(self) -> bool:
+        """True when this rank is actually slowed down."""
+        return self.factor != 1.0
+
+    def extra_time(self, compute_seconds: float) -> float:
+        """Seconds to sleep after a step whose real compute took `compute_seconds`."""
+        return (self.factor - 1.0) * max(compute_seconds, 0.0)
+
+    def after_step(self, compute_seconds: float) -> float:
+        """Sleep (factor - 1) * compute_seconds; call right after a synchronised compute step.
+
+        Args:
+            compute_seconds: wall time of the real compute just finished.
+
+        Returns:
+            The seconds slept.
+        """
+        extra = self.extra_time(compute_seconds)
+        if extra > 0:
+            self.sleep(extra)
+        return extra
+
+    @contextmanager
+    def step(
+        self,
+        timer: Callable[[], float] = time.perf_counter,
+        synchronize: Callable[[], None] | None = None,
+        cpu_timer: Callable[[], float] | None = time.process_time,
+    ) -> Iterator[None]:
+        """Time the enclosed compute step and sleep afterwards by the emulated factor.
+
+        The compute time is the step's wall time, less the time the OS kept this process off
+        the CPU (wall minus CPU time, where positive). Without that correction, ranks that
+        share cores would multiply every scheduling delay by their factor: a 4x rank
+        descheduled for 3 ms would sleep 9 ms more, and profiles would be mostly noise.
+
+        Args:
+            timer: wall clock in seconds.
+            synchronize: called before reading the clocks, e.g. to wait for CUDA kernels;
+                without it a GPU step would look nearly free.
+            cpu_timer: CPU seconds used by this process (all its threads), or None to take
+                the wall time as it is. Pass None on GPU ranks, whose host thread may block
+                while the device computes, and with a fake `timer`.
+        """
+        if synchronize is not None:
+            synchronize()
+        start = timer()
+        cpu_start = cpu_timer() if cpu_timer is not None else 0.0
+        yield
+        if synchronize is not None:
+            synchronize()
+        wall = timer() - start
+        if cpu_timer is not None:
+            # Multi-threaded steps use more CPU than wall time; then the wall time stands.
+            wall = min(wall, cpu_timer() - cpu_start)
+        self.after_step(wall)
+
+
+def parse_slowdowns(text: str | Sequence[float] | None, world_size: int) -> tuple[float, ...]:
+    """Parse `--emulate-slowdown` into one factor per rank.
+
+    Args:
+        text: "1,2,4" (one factor per rank), a single factor for every rank, a sequence of
+            numbers, or None/"" for no emulation.
+        world_size: number of ranks in the job.
+
+    Returns:
+        A tuple of world_size factors, each >= 1.
+    """
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return (1.0,) * world_size
+    if isinstance(text, str):
+        items = [item.strip() for item in text.split(",")]
+        factors = []
+        for item in items:
+            try:
+                factors.append(float(item))
+            except ValueError:
+                raise ValueError(
+                    f"--emulate-slowdown {text!r}: {item!r} is not a number; give one factor "
+                    "per rank, e.g. --emulate-slowdown 1,2,4"
+                ) from None
+    else:
+        factors = [float(f) for f in text]
+    if len(factors) == 1:
+        factors = factors * world_size
+    if len(factors) != world_size:
+        raise ValueError(
+            f"--emulate-slowdown has {len(factors)} factors but the job has {world_size} "
+            f"ranks; give exactly {world_size} comma-separated factors (or one for all ranks)"
+        )
+    for rank, factor in enumerate(factors):
+        if not math.isfinite(factor) or factor <= 0:
+            raise ValueError(
+                f"--emulate-slowdown factor {factor:g} for rank {rank} is not positive; "
+                "factors are how many times slower a rank behaves, e.g. 1,2,4"
+            )
+        if factor < 1:
+            raise ValueError(
+                f"--emulate-slowdown factor {factor:g} for rank {rank} is below 1; emulation "
+                "can only slow ranks down, so use factors >= 1 (1 = full speed)"
+            )
+    return tuple(factors)
+
+
+def slowdown_for_rank(
+    text: str | Sequence[float] | None,
+    rank: int,
+    world_size: int,
+    sleep: Callable[[float], None] = precise_sleep,
+) -> Slowdown:
+    """The Slowdown of `rank` from an `--emulate-slowdown` value.
+
+    Args:
+        text: as for `parse_slowdowns`.
+        rank: this rank, in [0, world_size).
+        world_size: number of ranks.
+        sleep: injectable sleep function.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(
+            f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]"
+        )
+    return Slowdown(parse_slowdowns(text, world_size)[rank], sleep=sleep)

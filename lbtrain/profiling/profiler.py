@@ -1,0 +1,510 @@
+"""Time real training steps of a workload on this replica's device.
+
+The profiler runs forward, backward and the optimizer step on synthetic batches over a ladder
+of batch sizes, keeps the median of several repeats at each size, fits t(b) = alpha + beta*b
+and finds a memory cap. The model and optimizer are left exactly as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import socket
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from lbtrain.comm import Communicator
+from lbtrain.devices import device_name, node_layout, synchronize
+from lbtrain.emulation import Slowdown
+from lbtrain.profiling.fit import fit_step_time
+from lbtrain.profiling.memory import (
+    MEMORY_SAFETY,
+    CapResult,
+    available_host_memory,
+    cpu_memory_cap,
+    memory_per_sample,
+    probe_cap,
+)
+from lbtrain.profiling.record import ReplicaProfile, utc_now
+
+__all__ = ["ProfileConfig", "TrainingState", "profile_all", "profile_replica"]
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+MakeBatch = Callable[[int, torch.device], Batch]
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """How long and how carefully to profile.
+
+    Args:
+        batch_sizes: explicit ladder of batch sizes; default doubles from min_batch to
+            max_batch while the time budget lasts.
+        min_batch: first rung of the default ladder. Steps much shorter than a millisecond
+            measure timer and Python overhead more than the model, hence 16, not 1.
+        max_batch: last rung of the default ladder.
+        warmup: untimed steps before the first timing (lazy initialisation, kernel choice);
+            each later rung also gets one untimed step.
+        repeats: timed steps per batch size wanted; the median is kept. Rungs are only
+            added to the ladder while `repeats` rounds of them fit in the budget.
+        max_repeats: timed steps per batch size at most. Beyond `repeats`, rounds go on
+            while the budget lasts, so fast steps get more samples and steadier medians.
+        min_repeats: fewest repeats a rung may be cut to when the budget runs short.
+        time_budget: seconds the whole profile should take, about; the first two rungs are
+            always measured so that a line can be fitted.
+        memory_cap: find a memory cap (OOM probe on CUDA, RAM estimate on CPU).
+        probe_limit: largest batch size the CUDA probe tries.
+        seed: seed of the synthetic batches (the caller's RNG state is restored afterwards).
+        reference_batch: batch size at which the profile's throughput is read off the
+            fitted line; default the largest batch measured, which `profile_all` lowers to
+            the largest one every rank measured.
+    """
+
+    batch_sizes: tuple[int, ...] | None = None
+    min_batch: int = 16
+    max_batch: int = 1024
+    warmup: int = 2
+    repeats: int = 5
+    max_repeats: int = 50
+    min_repeats: int = 3
+    time_budget: float = 10.0
+    memory_cap: bool = True
+    probe_limit: int = 1 << 16
+    seed: int = 0
+    reference_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_sizes is not None:
+            sizes = tuple(self.batch_sizes)
+            if not sizes or any(isinstance(b, bool) or not isinstance(b, int) for b in sizes):
+                raise ValueError(f"--batch-sizes {sizes!r} must be a list of whole numbers")
+            if any(b < 1 for b in sizes) or list(sizes) != sorted(set(sizes)):
+                raise ValueError(
+                    f"--batch-sizes {list(sizes)} must be distinct, increasing and >= 1, "
+                    "e.g. 16,32,64,128"
+                )
+            object.__setattr__(self, "batch_sizes", sizes)
+        if not 1 <= self.min_batch <= self.max_batch:
+            raise ValueError(
+                f"need 1 <= min_batch <= max_batch, got {self.min_batch} and {self.max_batch}"
+            )
+        if self.warmup < 0:
+            raise ValueError(f"--warmup {self.warmup} must be >= 0")
+        if not 1 <= self.min_repeats <= self.repeats <= self.max_repeats:
+            raise ValueError(
+                f"--repeats {self.repeats} must be >= min_repeats ({self.min_repeats}) >= 1 "
+                f"and <= max_repeats ({self.max_repeats})"
+            )
+        if not (math.isfinite(self.time_budget) and self.time_budget > 0):
+            raise ValueError(f"--time-budget {self.time_budget} must be a positive number of s")
+        if self.reference_batch is not None and (
+            isinstance(self.reference_batch, bool)
+            or not isinstance(self.reference_batch, int)
+            or self.reference_batch < 1
+        ):
+            raise ValueError(f"--reference-batch {self.reference_batch!r} must be >= 1")
+
+    def ladder(self) -> tuple[int, ...]:
+        """The batch sizes to try, increasing.
+
+        With a reference batch r and no explicit sizes, the rungs are r/8, r/4, r/2, r and
+        2r (within min_batch and max_batch): a line fitted there is accurate where balanced
+        shares of about r fall, rather than bent by tiny batches dominated by per-call
+        overhead or by huge ones that spill the caches.
+        """
+        if self.batch_sizes is not None:
+            return self.batch_sizes
+        if self.reference_batch is not None:
+            ref = self.reference_batch
+            rungs = {min(self.max_batch, max(self.min_batch, ref * 2**k // 8)) for k in range(5)}
+            return tuple(sorted(rungs))
+        sizes, size = [], self.min_batch
+        while size <= self.max_batch:
+            sizes.append(size)
+            size *= 2
+        if sizes[-1] != self.max_batch:
+            sizes.append(self.max_batch)
+        return tuple(sizes)
+
+
+class TrainingState:
+    """A snapshot of everything a training step changes, restored in place.
+
+    Parameters, buffers, optimizer state and hyper-parameters are copied back into the very
+    tensors and dicts that existed before, so references held elsewhere (an LR scheduler, a
+    gradient hook) stay valid. Gradients are restored by reference.
+
+    Args:
+        model: the model.
+        optimizer: its optimizer.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self._model = model
+        self._optimizer = optimizer
+        # Host copies, so the snapshot does not shrink the GPU memory the cap probe measures.
+        self._tensors = [
+            (tensor, tensor.detach().to("cpu", copy=True))
+            for tensor in model.state_dict(keep_vars=True).values()
+        ]
+        self._grads = [(p, p.grad) for p in model.parameters()]
+        self._modes = [(module, module.training) for module in model.modules()]
+        self._state = {
+            param: {key: _host_copy(value) for key, value in state.items()}
+            for param, state in optimizer.state.items()
+        }
+        self._groups = [
+            {key: _host_copy(value) for key, value in group.items() if key != "params"}
+            for group in optimizer.param_groups
+        ]
+
+    def restore(self) -> None:
+        """Put the model and optimizer back exactly as they were when snapshotted."""
+        with torch.no_grad():
+            for tensor, saved in self._tensors:
+                tensor.copy_(saved)
+            for param, grad in self._grads:
+                param.grad = grad
+            state = self._optimizer.state
+            for param in list(state):
+                if param not in self._state:
+                    del state[param]
+            for param, saved_state in self._state.items():
+                current = state[param]
+                for key in list(current):
+                    if key not in saved_state:
+                        del current[key]
+                for key, value in saved_state.items():
+                    current[key] = _restore_value(current.get(key), value)
+            for group, saved_group in zip(self._optimizer.param_groups, self._groups, strict=True):
+                for key in list(group):
+                    if key != "params" and key not in saved_group:
+                        del group[key]
+                for key, value in saved_group.items():
+                    group[key] = _restore_value(group.get(key), value)
+        for module, training in self._modes:
+            module.training = training
+
+
+@dataclass(frozen=True)
+class _SavedTensor:
+    host: torch.Tensor
+    device: torch.device
+
+
+def _host_copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _SavedTensor(value.detach().to("cpu", copy=True), value.device)
+    if isinstance(value, dict):
+        return {k: _host_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_host_copy(v) for v in value)
+    return value
+
+
+def _restore_value(current: Any, saved: Any) -> Any:
+    if isinstance(saved, _SavedTensor):
+        host, device = saved.host, saved.device
+        if (
+            isinstance(current, torch.Tensor)
+            and current.shape == host.shape
+            and current.dtype == host.dtype
+            and current.device == device
+        ):
+            current.copy_(host)
+            return current
+        return host.to(device, copy=True)
+    if isinstance(saved, dict):
+        return {k: _restore_value(None, v) for k, v in saved.items()}
+    if isinstance(saved, list | tuple):
+        return type(saved)(_restore_value(None, v) for v in saved)
+    return saved
+
+
+def profile_replica(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: LossFn,
+    make_batch: MakeBatch,
+    *,
+    device: torch.device | str | None = None,
+    config: ProfileConfig | None = None,
+    rank: int = 0,
+    workload: str = "custom",
+    slowdown: Slowdown | None = None,
+    timer: Callable[[], float] = time.perf_counter,
+    cpu_timer: Callable[[], float] | None = time.process_time,
+    memory_share: float = 1.0,
+    available_memory: Callable[[], int] = available_host_memory,
+    host: str | None = None,
+) -> ReplicaProfile:
+    """Measure how fast this replica trains the workload; leaves model and optimizer as found.
+
+    Args:
+        model: the model, already on `device`.
+        optimizer: the optimizer over the model's parameters.
+        loss_fn: loss on (outputs, targets), mean-reduced.
+        make_batch: `make_batch(b, device)` returns synthetic (inputs, targets) of b samples.
+        device: the replica's device; default the device of the model's first parameter.
+        config: ladder, repeats, warm-up and time budget; default ProfileConfig().
+        rank: this replica's rank, recorded in the profile.
+        workload: workload name, recorded in the profile.
+        slowdown: emulated slowdown applied after each timed step, as training applies it.
+        timer: clock in seconds; injectable for deterministic tests.
+        cpu_timer: CPU seconds of this process, used by the emulated slowdown on CPU
+            devices (see `Slowdown.step`); None to use `timer` alone, as with a fake clock.
+        memory_share: this rank's share of the node's RAM (1 / ranks on the node).
+        available_memory: returns the node's available RAM in bytes.
+        host: host name to record; default this machine's.
+
+    Returns:
+        The ReplicaProfile.
+    """
+    config = config or ProfileConfig()
+    slowdown = slowdown or Slowdown(1.0)
+    if device is None:
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    started_at, start = utc_now(), timer()
+
+    def elapsed() -> float:
+        return timer() - start
+
+    batches: dict[int, Batch] = {}
+
+    def batch_of(size: int) -> Batch:
+        if size not in batches:
+            batches[size] = make_batch(size, device)
+        return batches[size]
+
+    def train_step(size: int) -> None:
+        inputs, targets = batch_of(size)
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(inputs), targets).backward()
+        optimizer.step()
+
+    # The emulated sleep follows the CPU time of a CPU step, so that waiting for a shared core
+    # is not multiplied by the slowdown factor; GPU steps, and fake clocks, use wall time.
+    step_cpu_timer = cpu_timer if device.type == "cpu" else None
+
+    def timed_step(size: int) -> float:
+        batch_of(size)
+        synchronize(device)
+        begin = timer()
+        with slowdown.step(timer, lambda: synchronize(device), cpu_timer=step_cpu_timer):
+            train_step(size)
+        return timer() - begin
+
+    snapshot = TrainingState(model, optimizer)
+    cuda_devices = [device.index] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=cuda_devices):
+            torch.manual_seed(config.seed)
+            model.train()
+            ladder = config.ladder()
+            for _ in range(config.warmup):
+                train_step(ladder[0])
+            # On CUDA the OOM probe needs time too; hold back part of the budget for it.
+            reserve = 0.3 if device.type == "cuda" and config.memory_cap else 0.0
+            sizes, times, rounds = _time_ladder(
+                ladder,
+                config,
+                timed_step,
+                elapsed,
+                budget=config.time_budget * (1.0 - reserve),
+                tail=config.memory_cap and device.type != "cuda",
+            )
+            batches.clear()
+            fit = fit_step_time(sizes, times)
+            cap = CapResult(None, "disabled")
+            per_sample = None
+            if config.memory_cap:
+                # Saved activations grow linearly in b, so the two smallest rungs tell the
+                # bytes per sample as well as any pair, at a fraction of the time.
+                per_sample = memory_per_sample(
+                    model,
+                    loss_fn,
+                    lambda b: make_batch(b, device),
+                    sizes[0],
+                    sizes[1] if len(sizes) > 1 else 2 * sizes[0],
+                )
+                cap = _memory_cap(
+                    device,
+                    config,
+                    per_sample,
+                    fixed=_fixed_bytes(model, optimizer),
+                    share=memory_share,
+                    available_memory=available_memory,
+                    try_step=train_step,
+                    start=sizes[-1],
+                    time_left=lambda: config.time_budget - elapsed(),
+                    predicted_time=lambda b: slowdown.factor * (fit.alpha + fit.beta * b),
+                )
+    finally:
+        batches.clear()
+        snapshot.restore()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return ReplicaProfile(
+        rank=rank,
+        host=host or socket.gethostname(),
+        device=str(device),
+        device_kind=device.type,
+        device_name=device_name(device),
+        threads=torch.get_num_threads(),
+        workload=workload,
+        batch_sizes=tuple(sizes),
+        step_times=tuple(times),
+        alpha=fit.alpha,
+        beta=fit.beta,
+        r_squared=fit.r_squared,
+        cap=cap.cap,
+        cap_source=cap.source,
+        memory_per_sample=per_sample,
+        slowdown=float(slowdown.factor),
+        repeats=rounds,
+        started_at=started_at,
+        finished_at=utc_now(),
+        reference_batch=config.reference_batch,
+        fit_relative_error=fit.relative_error,
+    )
+
+
+def _time_ladder(
+    ladder: tuple[int, ...],
+    config: ProfileConfig,
+    timed_step: Callable[[int], float],
+    elapsed: Callable[[], float],
+    budget: float,
+    tail: bool = False,
+) -> tuple[list[int], list[float], int]:
+    """Median step time at each affordable rung, and the timed steps each got.
+
+    A pilot pass climbs the ladder one step per rung (that step also warms the rung up) and
+    stops where `repeats` more rounds would overrun the budget. Timed rounds then cycle
+    through the chosen rungs, so a burst of load from elsewhere on the node hits every batch
+    size alike instead of bending the fitted line at one rung. Each visit to a rung starts
+    with an untimed step: the first step after a change of batch size pays for re-allocating
+    and re-caching (about a millisecond on a CPU), which training, repeating one size, never
+    pays.
+
+    Args:
+        tail: keep time for the work after the ladder (the CPU memory estimate: a forward
+            pass at each of the two smallest rungs, at most the time of their pilot steps).
+    """
+    sizes: list[int] = []
+    pilots: list[float] = []
+
+    def reserved() -> float:
+        return sum(pilots[:2]) if tail else 0.0
+
+    for size in ladder:
+        if len(sizes) >= 2:
+            # Linear scaling of the last rung over-estimates alpha + beta*b: a safe forecast.
+            predicted = pilots[-1] * size / sizes[-1]
+            cost = (1 + 2 * config.repeats) * predicted + 2 * config.repeats * sum(pilots)
+            if elapsed() + cost + reserved() > budget:
+                break
+        pilots.append(timed_step(size))
+        sizes.append(size)
+    samples: list[list[float]] = [[] for _ in sizes]
+    for round_index in range(config.max_repeats):
+        round_cost = 2 * sum(
+            statistics.median(s) if s else p for s, p in zip(samples, pilots, strict=True)
+        )
+        if round_index >= config.min_repeats and elapsed() + round_cost + reserved() > budget:
+            break
+        for rung, size in enumerate(sizes):
+            if len(sizes) > 1:
+                timed_step(size)  # re-warm after the change of size; not kept
+            samples[rung].append(timed_step(size))
+    return sizes, [statistics.median(s) for s in samples], len(samples[0])
+
+
+def _fixed_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes a replica holds whatever the batch: parameters, gradients, optimizer state."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    state = sum(
+        value.numel() * value.element_size()
+        for entry in optimizer.state.values()
+        for value in entry.values()
+        if isinstance(value, torch.Tensor)
+    )
+    return 2 * params + state
+
+
+def _memory_cap(
+    device: torch.device,
+    config: ProfileConfig,
+    per_sample: float,
+    *,
+    fixed: int,
+    share: float,
+    available_memory: Callable[[], int],
+    try_step: Callable[[int], None],
+    start: int,
+    time_left: Callable[[], float],
+    predicted_time: Callable[[int], float],
+) -> CapResult:
+    if device.type != "cuda":
+        return cpu_memory_cap(per_sample, available_memory(), fixed=fixed, share=share)
+    result = probe_cap(
+        try_step,
+        start,
+        config.probe_limit,
+        time_left=time_left,
+        predicted_time=predicted_time,
+        cleanup=torch.cuda.empty_cache,
+    )
+    if result.source != "cuda-probe-out-of-time" or per_sample <= 0:
+        return result
+    # Out of budget before an OOM: estimate from free memory instead of claiming no limit.
+    torch.cuda.empty_cache()
+    free, _total = torch.cuda.mem_get_info(device)
+    return CapResult(start + math.floor(free * MEMORY_SAFETY / per_sample), "cuda-free-estimate")
+
+
+def profile_all(
+    comm: Communicator,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: LossFn,
+    make_batch: MakeBatch,
+    **kwargs: Any,
+) -> list[ReplicaProfile]:
+    """Profile every replica at once and give every rank the same list, in rank order.
+
+    Collective: every rank must call it. Ranks profile concurrently, as they will train, so
+    shared resources (memory bandwidth, the node's cores) are contended as in training.
+
+    Args:
+        comm: the job's communicator.
+        model, optimizer, loss_fn, make_batch: as for `profile_replica`.
+        **kwargs: further `profile_replica` arguments (device, config, slowdown, timer,
+            workload); rank and memory_share default to this rank and 1 / ranks on its node.
+
+    Returns:
+        One ReplicaProfile per rank. Unless the config names a reference batch, every
+        profile's throughput refers to the largest batch that every rank measured, so a
+        rank whose budget ran out lower on the ladder is still compared like for like.
+    """
+    layout = node_layout(comm)
+    kwargs.setdefault("memory_share", 1.0 / layout.local_size)
+    kwargs.setdefault("host", layout.host)
+    comm.barrier()
+    profile = profile_replica(model, optimizer, loss_fn, make_batch, rank=comm.rank, **kwargs)
+    profiles = [ReplicaProfile.from_dict(entry) for entry in comm.allgather(profile.to_dict())]
+    if all(p.reference_batch is None for p in profiles):
+        common = min(p.batch_sizes[-1] for p in profiles)
+        profiles = [dataclasses.replace(p, reference_batch=common) for p in profiles]
+    return profiles

@@ -1,0 +1,232 @@
+"""Workloads: what lbtrain profiles and trains, without lbtrain importing the application.
+
+A `Workload` bundles a model factory, the shape of one sample, the number of classes, a loss
+and an optimizer factory. Applications make theirs available in one of three ways, none of
+which needs lbtrain to import them:
+
+- call `register_workload("name", factory)` at import time of their own package;
+- declare an entry point in the group "lbtrain.workloads" (``name = "pkg.module:factory"``);
+- or be named on the command line as ``--workload pkg.module:factory``.
+
+A factory is a callable with no required arguments that returns a Workload.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+
+import torch
+from torch import nn
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "DEFAULT_WORKLOAD",
+    "Workload",
+    "available_workloads",
+    "get_workload",
+    "patch_cnn_workload",
+    "register_workload",
+    "toy_workload",
+]
+
+ENTRY_POINT_GROUP = "lbtrain.workloads"
+DEFAULT_WORKLOAD = "patch-cnn"
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model to train and how to make synthetic batches for it.
+
+    Args:
+        name: short name shown in profiles and reports.
+        build_model: returns a fresh model (on the CPU; the caller moves it).
+        sample_shape: shape of one input sample, without the batch dimension.
+        num_classes: number of target classes; targets are integer class indices.
+        loss_fn: loss on (outputs, targets), reduced by mean.
+        build_optimizer: optimizer factory taking the model's parameters.
+        input_dtype: dtype of synthetic inputs.
+    """
+
+    name: str
+    build_model: Callable[[], nn.Module]
+    sample_shape: tuple[int, ...]
+    num_classes: int
+    loss_fn: LossFn = nn.functional.cross_entropy
+    build_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] = field(
+        default=_default_optimizer
+    )
+    input_dtype: torch.dtype = torch.float32
+
+    def make_batch(
+        self, batch_size: int, device: torch.device | str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Synthetic (inputs, targets) of `batch_size` samples on `device`.
+
+        Profiling measures speed, which does not depend on the values, only on the shapes.
+        """
+        inputs = torch.randn(batch_size, *self.sample_shape, dtype=self.input_dtype)
+        targets = torch.randint(0, self.num_classes, (batch_size,))
+        return inputs.to(device), targets.to(device)
+
+
+class _ToyMLP(nn.Module):
+    def __init__(self, features: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(features, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def toy_workload(features: int = 64, hidden: int = 256, classes: int = 10) -> Workload:
+    """A small MLP on synthetic vectors, for fast tests.
+
+    Its steps take well under a millisecond on a CPU core, where timer, sleep and Python
+    overheads rival the compute, so do not judge balancing by it; use "patch-cnn".
+
+    Args:
+        features: input vector length.
+        hidden: width of the two hidden layers.
+        classes: number of classes.
+    """
+    return Workload(
+        name="toy",
+        build_model=lambda: _ToyMLP(features, hidden, classes),
+        sample_shape=(features,),
+        num_classes=classes,
+    )
+
+
+class _PatchCNN(nn.Module):
+    """Three unpadded 3x3 convolutions shrink a (bands, P, P) patch, then a linear classifier."""
+
+    def __init__(self, bands: int, patch: int, width: int, classes: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels, size = bands, patch
+        for _ in range(3):
+            # Stop shrinking at 1x1 so small patches still work; pad from then on.
+            padding = 0 if size >= 3 else 1
+            layers += [nn.Conv2d(channels, width, 3, padding=padding), nn.ReLU()]
+            channels, size = width, size - 2 + 2 * padding
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def patch_cnn_workload(
+    bands: int = 30, patch: int = 7, width: int = 64, classes: int = 16
+) -> Workload:
+    """A small 2-D CNN on hyperspectral-like patches: the default workload to profile.
+
+    Shaped like pixel-patch classification of a hyperspectral scene after PCA (Indian Pines
+    has 16 classes; 30 components and 7x7 patches are common choices). A training step costs
+    about 45 us per sample on one CPU core against a fixed cost under a millisecond, so
+    steps at the profiled batch sizes take milliseconds to tens of milliseconds and grow
+    close to linearly with the batch, as the step-time model t(b) = alpha + beta*b assumes.
+    The more compute per sample, the less the fixed cost per step (Python, kernel launches,
+    the caches a sleeping emulated rank finds cold) weighs against it.
+    No batch normalisation: it saves extra activations and makes large batches spill the
+    caches sooner, bending the line.
+
+    Args:
+        bands: spectral channels per patch.
+        patch: patch edge in pixels (>= 1).
+        width: convolution channels.
+        classes: number of classes.
+    """
+    if patch < 1 or bands < 1 or width < 1 or classes < 2:
+        raise ValueError(
+            f"patch-cnn needs patch, bands, width >= 1 and classes >= 2; got patch={patch}, "
+            f"bands={bands}, width={width}, classes={classes}"
+        )
+    return Workload(
+        name="patch-cnn",
+        build_model=lambda: _PatchCNN(bands, patch, width, classes),
+        sample_shape=(bands, patch, patch),
+        num_classes=classes,
+    )
+
+
+# Registry of in-process factories; it holds code, not rank state, so a module-level dict
+# is fine here (like torch's backend registries).
+_REGISTRY: dict[str, Callable[[], Workload]] = {
+    "patch-cnn": patch_cnn_workload,
+    "toy": toy_workload,
+}
+
+
+def register_workload(name: str, factory: Callable[[], Workload]) -> None:
+    """Make `factory` selectable as `--workload name`.
+
+    Args:
+        name: the name; must not contain ':' (that form means module:function).
+        factory: callable with no required arguments returning a Workload.
+    """
+    if not name or ":" in name:
+        raise ValueError(f"workload name {name!r} is invalid: use a non-empty name without ':'")
+    _REGISTRY[name] = factory
+
+
+def available_workloads() -> list[str]:
+    """Names of registered and entry-point workloads."""
+    names = set(_REGISTRY)
+    names.update(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return sorted(names)
+
+
+def get_workload(spec: str) -> Workload:
+    """Resolve `--workload`: a registered name, an entry-point name, or "module:function".
+
+    Args:
+        spec: the workload specification.
+
+    Returns:
+        The Workload built by the factory.
+    """
+    factory: Callable[[], Workload] | None = _REGISTRY.get(spec)
+    if factory is None:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name == spec:
+                factory = ep.load()
+                break
+    if factory is None and ":" in spec:
+        module_name, _, attribute = spec.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+            factory = getattr(module, attribute)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(
+                f"--workload {spec!r}: cannot load {attribute!r} from module {module_name!r} "
+                f"({exc}); check the module is importable and defines that function"
+            ) from exc
+    if factory is None:
+        raise ValueError(
+            f"--workload {spec!r} is unknown; choose one of {available_workloads()} or give "
+            "'package.module:function' returning an lbtrain.workloads.Workload"
+        )
+    workload = factory()
+    if not isinstance(workload, Workload):
+        raise ValueError(
+            f"--workload {spec!r}: the factory returned {type(workload).__name__}, not an "
+            "lbtrain.workloads.Workload"
+        )
+    return workload

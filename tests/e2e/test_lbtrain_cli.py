@@ -1,0 +1,105 @@
+"""The `lbtrain` command run the way a user runs it: as a program, alone or under mpiexec."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.mpi.launch import mpiexec_path
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURE = ROOT / "tests" / "fixtures" / "profiles_3ranks.json"
+
+
+def _lbtrain() -> list[str]:
+    """The installed console script when there is one, else `python -m lbtrain`."""
+    script = Path(sys.executable).parent / "lbtrain"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("lbtrain")
+    return [found] if found else [sys.executable, "-m", "lbtrain"]
+
+
+def _run(command: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
+    )
+
+
+def test_balance_report_from_a_profiles_file():
+    result = _run(
+        [
+            *_lbtrain(),
+            "balance-report",
+            "--profiles",
+            str(FIXTURE),
+            "--global-batch",
+            "300",
+            "--format",
+            "json",
+        ]
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["throughput_ratio"] == pytest.approx(7 / 3)
+    cost = data["policies"]["cost"]
+    assert [r["batch_size"] for r in cost["ranks"]] == [180, 84, 36]
+    assert cost["predicted_step_time"] == pytest.approx(0.1728)
+    table = _run([*_lbtrain(), "balance-report", "--profiles", str(FIXTURE)])
+    assert table.returncode == 0, table.stderr
+    assert "policy cost" in table.stdout and "speedup vs equal" in table.stdout
+
+
+def test_missing_profiles_file_is_one_line_and_exit_2(tmp_path):
+    missing = tmp_path / "nope.json"
+    result = _run([*_lbtrain(), "balance-report", "--profiles", str(missing)])
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and str(missing) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_env_prints_versions_and_world():
+    result = _run([*_lbtrain(), "env"])
+    assert result.returncode == 0, result.stderr
+    for needle in ("torch:", "mpi4py:", "MPI library:", "world size:", "rank 0:"):
+        assert needle in result.stdout, needle
+
+
+def test_profile_under_mpiexec_writes_one_record_per_rank(tmp_path):
+    output = tmp_path / "profiles.json"
+    result = _run(
+        [
+            mpiexec_path(),
+            "-n",
+            "2",
+            *_lbtrain(),
+            "profile",
+            "--time-budget",
+            "1",
+            "--workload",
+            "toy",
+            "--batch-sizes",
+            "16,32,64",
+            "--repeats",
+            "3",
+            "--output",
+            str(output),
+        ],
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = json.loads(output.read_text())
+    assert data["world_size"] == 2
+    assert [p["rank"] for p in data["profiles"]] == [0, 1]
+    for profile in data["profiles"]:
+        assert profile["threads"] == 1  # two ranks on this node share its cores
+        assert profile["reference_batch"] == data["profiles"][0]["reference_batch"]
+        assert profile["alpha"] >= 0 and profile["beta"] > 0
+    assert "wrote 2 profiles" in result.stdout

@@ -1,0 +1,76 @@
+"""User errors under mpiexec: every rank stops with one clear line, none is left hanging."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.mpi.launch import run_mpi
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "profiles_3ranks.json"
+
+
+def _assert_one_line_error(result, *needles):
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("lbtrain: error:")]
+    assert len(errors) == 1, result.stderr  # reported once, not once per rank
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+
+
+def test_slowdown_list_of_the_wrong_length_stops_all_three_ranks(tmp_path):
+    output = tmp_path / "p.json"
+    result = run_mpi(
+        "lbtrain",
+        3,
+        "profile",
+        "-o",
+        str(output),
+        "--emulate-slowdown",
+        "1,2",
+        module=True,
+        timeout=120,
+    )
+    _assert_one_line_error(result, "--emulate-slowdown", "2 factors", "3 ranks")
+    assert not output.exists()
+
+
+def test_a_bad_device_on_one_rank_only_stops_the_other_rank_too(tmp_path):
+    # Rank 0 is happy with the CPU; rank 1 asks for a GPU this machine lacks (or has fewer of).
+    result = run_mpi(
+        "lbtrain",
+        2,
+        "profile",
+        "-o",
+        str(tmp_path / "p.json"),
+        "--devices",
+        "cpu,cuda:7",
+        module=True,
+        timeout=120,
+    )
+    _assert_one_line_error(result, "rank 1:", "cuda:7", "--devices")
+
+
+@pytest.mark.parametrize("ranks", [2])
+def test_profile_file_from_another_world_size(ranks):
+    result = run_mpi(
+        "lbtrain",
+        ranks,
+        "balance-report",
+        "--profiles",
+        str(FIXTURE),
+        module=True,
+        timeout=120,
+    )
+    _assert_one_line_error(result, "recorded with 3 ranks but this run has 2", "mpiexec -n 2")
+
+
+def test_a_command_line_mistake_is_reported_once_not_per_rank():
+    result = run_mpi(
+        "lbtrain", 3, "balance-report", "--global-batch", "0", module=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert result.stderr.count("error: argument --global-batch: 0 must be >= 1") == 1
+    assert result.stderr.count("usage: lbtrain balance-report") == 1

@@ -1,0 +1,232 @@
+"""The `lbtrain` command line in-process: help texts, user errors, report and env output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from lbtrain import SingleProcessCommunicator
+from lbtrain.cli.main import build_parser, main
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "profiles_3ranks.json"
+VERBS = ("profile", "balance-report", "env")
+
+
+def run(argv, capsys):
+    code = main(argv, comm=SingleProcessCommunicator())
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_every_option_is_explained_with_its_default(verb, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([verb, "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    parser = _subparsers(build_parser())[verb]
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help, f"{verb} {action.option_strings} has no help"
+        assert "(default:" in action.help, f"{verb} {action.option_strings} hides its default"
+        assert action.option_strings[0] in text
+    # store_true flags state what happens without them, not a bare "(default: False/True)".
+    assert "(default: False)" not in text and "(default: True)" not in text
+
+
+def test_balance_report_help_names_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["balance-report", "--help"])
+    # argparse wraps lines, also after a hyphen ("patch-" / "cnn").
+    text = re.sub(r"-\s+", "-", " ".join(capsys.readouterr().out.split()))
+    for needle in (
+        "(default: 1024)",
+        "(default: all)",
+        "(default: table)",
+        "(default: patch-cnn)",
+        "(default: auto)",
+        "(default: 10.0)",
+        "(default: find the cap)",
+    ):
+        assert needle in text, needle
+
+
+def test_no_command_prints_usage_and_fails(capsys):
+    code, _, err = run([], capsys)
+    assert code == 2 and "usage: lbtrain" in err
+
+
+def test_report_from_fixture_in_every_format(capsys, tmp_path):
+    code, out, err = run(
+        ["balance-report", "--profiles", str(FIXTURE), "--global-batch", "300", "--format", "json"],
+        capsys,
+    )
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["policies"]["cost"]["ranks"][2]["batch_size"] == 36
+    assert data["policies"]["proportional"]["speedup_over_equal"] == pytest.approx(0.4 / 0.1948)
+    code, out, _ = run(
+        [
+            "balance-report",
+            "--profiles",
+            str(FIXTURE),
+            "--global-batch",
+            "300",
+            "--policy",
+            "proportional",
+            "--format",
+            "markdown",
+        ],
+        capsys,
+    )
+    assert code == 0 and "### policy proportional" in out and "### policy cost" not in out
+    plot = tmp_path / "r.png"
+    code, out, _ = run(
+        [
+            "balance-report",
+            "--profiles",
+            str(FIXTURE),
+            "--global-batch",
+            "300",
+            "--plot",
+            str(plot),
+        ],
+        capsys,
+    )
+    assert code == 0 and f"plot written to {plot}" in out
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_without_matplotlib_is_a_one_line_error(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code, out, err = run(
+        ["balance-report", "--profiles", str(FIXTURE), "--plot", str(tmp_path / "r.png")],
+        capsys,
+    )
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "--plot needs matplotlib" in err and "pip install" in err
+
+
+def _one_line_error(code, err, *needles):
+    assert code == 2
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lbtrain: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize(
+    ("content", "needles"),
+    [
+        (None, ("does not exist", "lbtrain profile")),
+        ("{oops", ("is not valid JSON", "regenerate")),
+        (
+            '{"format": "lbtrain-profiles", "version": 1, "world_size": 1, "profiles": [{}]}',
+            ("profiles[0] is invalid", "regenerate"),
+        ),
+    ],
+)
+def test_bad_profile_files(content, needles, capsys, tmp_path):
+    path = tmp_path / "p.json"
+    if content is not None:
+        path.write_text(content)
+    code, _, err = run(["balance-report", "--profiles", str(path)], capsys)
+    _one_line_error(code, err, str(path), *needles)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--devices", "tpu"], ("--devices", "unknown device 'tpu'", "auto")),
+        (["--devices", "cuda:3"], ("cuda:3", "--devices cpu or auto")),
+        (["--devices", "cuda"], ("CUDA is not available",)),
+        (["--emulate-slowdown", "1,2"], ("--emulate-slowdown", "2 factors", "1 ranks")),
+        (["--emulate-slowdown", "0"], ("--emulate-slowdown", "not positive")),
+        (["--emulate-slowdown", "-1"], ("--emulate-slowdown", "not positive")),
+        (["--workload", "nosuch"], ("--workload 'nosuch' is unknown", "patch-cnn")),
+    ],
+)
+def test_bad_profiling_options_fail_before_profiling(argv, needles, capsys, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    output = tmp_path / "p.json"
+    code, _, err = run(["profile", "-o", str(output), *argv], capsys)
+    _one_line_error(code, err, *needles)
+    assert not output.exists()
+
+
+def test_cuda_index_beyond_two_gpus(capsys, monkeypatch, tmp_path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    code, _, err = run(["profile", "-o", str(tmp_path / "p.json"), "--devices", "cuda:3"], capsys)
+    _one_line_error(code, err, "cuda:3", "2 CUDA device(s)")
+
+
+def test_argument_type_errors_name_the_option(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["balance-report", "--global-batch", "0"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--global-batch" in err and "must be >= 1" in err and "Traceback" not in err
+
+
+def test_profile_writes_the_file_single_process(capsys, tmp_path):
+    output = tmp_path / "p.json"
+    code, out, err = run(
+        [
+            "profile",
+            "-o",
+            str(output),
+            "--workload",
+            "toy",
+            "--batch-sizes",
+            "8,16",
+            "--time-budget",
+            "0.5",
+            "--repeats",
+            "3",
+            "--threads",
+            "1",
+            "--no-memory-cap",
+        ],
+        capsys,
+    )
+    assert code == 0, err
+    data = json.loads(output.read_text())
+    assert data["world_size"] == 1
+    (profile,) = data["profiles"]
+    assert profile["batch_sizes"] == [8, 16] and profile["threads"] == 1
+    assert profile["workload"] == "toy" and profile["reference_batch"] == 16
+    assert profile["cap_source"] == "disabled"
+    assert f"wrote 1 profiles to {output}" in out
+
+
+def test_env_prints_what_a_bug_report_needs(capsys):
+    code, out, _ = run(["env"], capsys)
+    assert code == 0
+    for needle in (
+        "lbtrain:",
+        "torch:",
+        "mpi4py:",
+        "MPI library:",
+        "world size:",
+        "rank 0:",
+        "default threads",
+        "CUDA available:",
+    ):
+        assert needle in out, needle

@@ -1,0 +1,178 @@
+"""Device and thread assignment, with the CUDA device count monkeypatched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lbtrain import SingleProcessCommunicator
+from lbtrain.devices import (
+    NodeLayout,
+    assign_devices,
+    default_threads,
+    node_layout_from_hosts,
+    parse_devices,
+    resolve_device,
+    synchronize,
+)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_parse_auto_single_and_per_rank_lists():
+    assert parse_devices("auto", 3) == ["auto"] * 3
+    assert parse_devices("CPU", 2) == ["cpu", "cpu"]
+    assert parse_devices("cpu, cpu,cuda:0,cuda:1", 4) == ["cpu", "cpu", "cuda:0", "cuda:1"]
+    assert parse_devices("cuda", 2) == ["cuda", "cuda"]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("tpu", "unknown device 'tpu'"),
+        ("cpu,gpu", "unknown device 'gpu'"),
+        ("cuda:x", "unknown device 'cuda:x'"),
+        ("cpu,cpu,cpu", "lists 3 devices but the job has 2 ranks"),
+    ],
+)
+def test_parse_errors_name_the_option_and_the_fix(text, needle):
+    with pytest.raises(ValueError) as info:
+        parse_devices(text, 2)
+    message = str(info.value)
+    assert needle in message and "--devices" in message and "\n" not in message
+
+
+def test_node_layout_from_hosts_counts_ranks_per_host():
+    hosts = ["a", "b", "a", "a", "b"]
+    assert node_layout_from_hosts(hosts, 3) == NodeLayout("a", local_rank=2, local_size=3)
+    assert node_layout_from_hosts(hosts, 4) == NodeLayout("b", local_rank=1, local_size=2)
+    with pytest.raises(ValueError, match=r"Invalid rank 5"):
+        node_layout_from_hosts(hosts, 5)
+
+
+def test_auto_puts_ranks_on_gpus_while_the_node_has_them_then_cpu():
+    # Three ranks on a node with two GPUs: two GPU ranks and one CPU rank.
+    layouts = [NodeLayout("n", local_rank=i, local_size=3) for i in range(3)]
+    assert [resolve_device("auto", lay, cuda_count=2) for lay in layouts] == [
+        "cuda:0",
+        "cuda:1",
+        "cpu",
+    ]
+    assert resolve_device("auto", layouts[0], cuda_count=0) == "cpu"
+    assert resolve_device("cuda", layouts[1], cuda_count=2) == "cuda:1"
+    assert resolve_device("cuda:1", layouts[0], cuda_count=2) == "cuda:1"
+    assert resolve_device("cpu", layouts[0], cuda_count=2) == "cpu"
+
+
+def test_cuda_index_beyond_the_node_names_the_count_and_the_fix():
+    layout = NodeLayout("node7", local_rank=0, local_size=1)
+    with pytest.raises(ValueError) as info:
+        resolve_device("cuda:3", layout, cuda_count=2)
+    message = str(info.value)
+    assert "cuda:3" in message and "node7" in message and "2 CUDA device(s)" in message
+    assert "--devices auto" in message
+
+
+def test_cuda_asked_but_absent():
+    layout = NodeLayout("node7", local_rank=0, local_size=1)
+    for entry in ("cuda", "cuda:0"):
+        with pytest.raises(ValueError, match=r"CUDA is not available"):
+            resolve_device(entry, layout, cuda_count=0)
+
+
+def test_default_threads_divides_cores_among_ranks_on_the_node():
+    assert default_threads(16, 4) == 4
+    assert default_threads(2, 3) == 1  # three ranks on two cores: one thread each
+    assert default_threads(2, 1) == 2
+    assert default_threads(1, 0) == 1
+
+
+def test_assign_devices_with_cuda_count_monkeypatched(monkeypatch):
+    comm = SingleProcessCommunicator()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assignment = assign_devices(comm, "auto", cores=8)
+    assert (assignment.device, assignment.threads, assignment.local_size) == ("cuda:0", 8, 1)
+    assert assign_devices(comm, "cuda:1", threads=3).device == "cuda:1"
+    with pytest.raises(ValueError, match=r"cuda:3 .* 2 CUDA device"):
+        assign_devices(comm, "cuda:3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert assign_devices(comm, "auto").device == "cpu"
+    with pytest.raises(ValueError, match=r"CUDA is not available"):
+        assign_devices(comm, "cuda")
+
+
+def test_assign_devices_rejects_bad_thread_counts():
+    with pytest.raises(ValueError, match=r"--threads"):
+        assign_devices(SingleProcessCommunicator(), "cpu", threads=0)
+
+
+def test_cpu_assignment_applies_threads():
+    threads = torch.get_num_threads()
+    try:
+        assignment = assign_devices(SingleProcessCommunicator(), "cpu", threads=1)
+        assignment.apply()
+        assert torch.get_num_threads() == 1
+        assert assignment.to_dict()["device"] == "cpu"
+    finally:
+        torch.set_num_threads(threads)
+    synchronize("cpu")  # a no-op, but must accept CPU devices
+
+
+@needs_cuda
+def test_gpu_assignment_sets_the_current_device_and_synchronizes():
+    count = torch.cuda.device_count()
+    assignment = assign_devices(SingleProcessCommunicator(), f"cuda:{count - 1}", threads=1)
+    assignment.apply()
+    assert torch.cuda.current_device() == count - 1
+    x = torch.ones(1024, device=assignment.torch_device)
+    x.mul_(2)
+    synchronize(assignment.torch_device)
+    assert float(x.sum()) == 2048.0
+
+
+@needs_cuda
+def test_profiling_on_a_gpu_finds_a_cap_and_leaves_the_model_alone():
+    from lbtrain.profiling import ProfileConfig, profile_replica
+    from lbtrain.workloads import toy_workload
+
+    workload = toy_workload()
+    model = workload.build_model().cuda()
+    optimizer = workload.build_optimizer(model.parameters())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    profile = profile_replica(
+        model,
+        optimizer,
+        workload.loss_fn,
+        workload.make_batch,
+        config=ProfileConfig(batch_sizes=(32, 64, 128), time_budget=5.0, probe_limit=1 << 12),
+    )
+    assert profile.device_kind == "cuda" and profile.device.startswith("cuda:")
+    assert profile.cap_source.startswith("cuda-")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@needs_cuda
+def test_mpi_communicator_stages_cuda_tensors_through_pinned_host_memory():
+    from lbtrain.comm import MPICommunicator
+
+    class OneRank:
+        """Enough of an mpi4py communicator for a world of one: Allreduce leaves data as is."""
+
+        def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
+            return 0
+
+        def Get_size(self) -> int:  # noqa: N802
+            return 1
+
+        def Allreduce(self, sendbuf, recvbuf, op=None) -> None:  # noqa: N802
+            recvbuf[...] = recvbuf * 1
+
+    pytest.importorskip("mpi4py")
+    comm = MPICommunicator(OneRank())
+    tensor = torch.arange(6, dtype=torch.float32, device="cuda")
+    comm.allreduce_sum_(tensor)
+    assert tensor.device.type == "cuda"
+    assert torch.equal(tensor.cpu(), torch.arange(6, dtype=torch.float32))
+    (host,) = comm._staging.values()
+    assert host.is_pinned()

@@ -1,0 +1,183 @@
+"""Heterogeneity emulation: parsing, the sleep it adds, and that a 3x rank profiles 3x slower."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from lbtrain.emulation import Slowdown, parse_slowdowns, precise_sleep, slowdown_for_rank
+from lbtrain.profiling import ProfileConfig, profile_replica
+from lbtrain.workloads import patch_cnn_workload
+
+
+def test_parse_one_factor_per_rank_or_one_for_all():
+    assert parse_slowdowns("1,2,4", 3) == (1.0, 2.0, 4.0)
+    assert parse_slowdowns(" 1, 2.5 ", 2) == (1.0, 2.5)
+    assert parse_slowdowns("3", 4) == (3.0,) * 4
+    assert parse_slowdowns(None, 2) == (1.0, 1.0)
+    assert parse_slowdowns("", 2) == (1.0, 1.0)
+    assert parse_slowdowns([1, 2], 2) == (1.0, 2.0)
+    assert slowdown_for_rank("1,2,4", 2, 3).factor == 4.0
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("1,2", "has 2 factors but the job has 3 ranks"),
+        ("1,2,3,4", "has 4 factors but the job has 3 ranks"),
+        ("1,0,2", "factor 0 for rank 1 is not positive"),
+        ("1,-2,2", "factor -2 for rank 1 is not positive"),
+        ("1,0.5,2", "below 1"),
+        ("1,x,2", "'x' is not a number"),
+        ("1,nan,2", "not positive"),
+    ],
+)
+def test_bad_slowdown_lists_name_the_option_and_the_fix(text, needle):
+    with pytest.raises(ValueError) as info:
+        parse_slowdowns(text, 3)
+    message = str(info.value)
+    assert needle in message
+    assert "--emulate-slowdown" in message and "\n" not in message
+
+
+def test_slowdown_for_rank_checks_the_rank():
+    with pytest.raises(ValueError, match=r"Invalid rank 3"):
+        slowdown_for_rank("1,2,4", 3, 3)
+
+
+@pytest.mark.parametrize("factor", [0.5, 0, -1, float("inf"), True])
+def test_slowdown_rejects_factors_that_do_not_slow_down(factor):
+    with pytest.raises(ValueError):
+        Slowdown(factor)
+
+
+def test_after_step_sleeps_factor_minus_one_times_the_compute():
+    slept = []
+    slow = Slowdown(3.0, sleep=slept.append)
+    assert slow.after_step(0.25) == pytest.approx(0.5)
+    assert slept == [pytest.approx(0.5)]
+    Slowdown(1.0, sleep=slept.append).after_step(0.25)
+    assert len(slept) == 1  # factor 1 never sleeps
+    assert not Slowdown(1.0).active and slow.active
+
+
+class Clocks:
+    """A wall clock and a CPU clock that tests move by hand."""
+
+    def __init__(self) -> None:
+        self.wall = 0.0
+        self.cpu = 0.0
+
+    def compute(self, wall: float, cpu: float) -> None:
+        self.wall += wall
+        self.cpu += cpu
+
+    def sleep(self, seconds: float) -> None:
+        self.wall += seconds
+
+
+def test_step_measures_compute_as_cpu_time_when_descheduled():
+    clocks = Clocks()
+    slow = Slowdown(4.0, sleep=clocks.sleep)
+    # 10 ms of wall time of which only 6 ms on the CPU: 4 ms waiting for a shared core must
+    # not be multiplied by the factor.
+    with slow.step(timer=lambda: clocks.wall, cpu_timer=lambda: clocks.cpu):
+        clocks.compute(wall=0.010, cpu=0.006)
+    assert clocks.wall == pytest.approx(0.010 + 3 * 0.006)
+    # Multi-threaded steps use more CPU than wall time: then the wall time counts.
+    clocks = Clocks()
+    slow = Slowdown(2.0, sleep=clocks.sleep)
+    with slow.step(timer=lambda: clocks.wall, cpu_timer=lambda: clocks.cpu):
+        clocks.compute(wall=0.010, cpu=0.030)
+    assert clocks.wall == pytest.approx(0.020)
+    # Without a CPU clock (GPU ranks, fake clocks) the wall time counts.
+    clocks = Clocks()
+    synced = []
+    with Slowdown(3.0, sleep=clocks.sleep).step(
+        timer=lambda: clocks.wall, synchronize=lambda: synced.append(1), cpu_timer=None
+    ):
+        clocks.compute(wall=0.010, cpu=0.001)
+    assert clocks.wall == pytest.approx(0.030)
+    assert len(synced) == 2  # before and after: queued GPU work is part of the step
+
+
+def test_precise_sleep_reaches_the_deadline_on_a_fake_clock():
+    now = [0.0]
+    calls = []
+
+    def coarse(seconds: float) -> None:
+        calls.append(seconds)
+        now[0] += seconds * 0.5  # wakes up early, as after a signal
+
+    def clock() -> float:
+        now[0] += 1e-6  # time moves while spinning
+        return now[0]
+
+    precise_sleep(0.01, clock=clock, sleep=coarse)
+    assert now[0] >= 0.01
+    assert now[0] < 0.01 + 1e-5
+    assert len(calls) > 1  # the early wake-up was slept again, not ignored
+    calls.clear()
+    precise_sleep(0.0, clock=clock, sleep=coarse)
+    precise_sleep(-1.0, clock=clock, sleep=coarse)
+    assert calls == []
+
+
+def test_precise_sleep_really_sleeps():
+    start = time.perf_counter()
+    precise_sleep(0.02)
+    assert time.perf_counter() - start >= 0.02
+
+
+@dataclass(frozen=True)
+class RecordingSlowdown(Slowdown):
+    """A Slowdown that also records the compute time of every step it stretched."""
+
+    computes: list[float] = field(default_factory=list, compare=False)
+
+    def after_step(self, compute_seconds: float) -> float:
+        self.computes.append(compute_seconds)
+        return super().after_step(compute_seconds)
+
+
+def test_a_rank_emulated_three_times_slower_profiles_about_three_times_slower():
+    """Real sleeps after real steps of a few milliseconds (CPU, one thread).
+
+    The profiled step time is compared with the real compute time of the same steps, so
+    load from elsewhere on a shared machine slows both alike. (Profiles taken one after the
+    other at factors 1 and 3 differ by more than 3x on a busy machine: a rank that sleeps
+    wakes to cold caches and waits for a core.) The exact factor through the profiler is
+    checked on a fake clock in test_profiling.py. The emulation runs on wall time here
+    (cpu_timer=None); its CPU-time correction is checked on fake clocks above.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    workload = patch_cnn_workload()
+    config = ProfileConfig(batch_sizes=(256,), warmup=1, repeats=7, max_repeats=7)
+    torch.manual_seed(0)
+    model = workload.build_model()
+    optimizer = workload.build_optimizer(model.parameters())
+    slowdown = RecordingSlowdown(3.0)
+    try:
+        profile = profile_replica(
+            model,
+            optimizer,
+            workload.loss_fn,
+            workload.make_batch,
+            config=config,
+            slowdown=slowdown,
+            cpu_timer=None,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert profile.slowdown == 3.0
+    assert len(slowdown.computes) == 1 + 7  # the pilot step and the timed ones
+    compute = statistics.median(slowdown.computes)
+    assert compute > 5e-4  # a real step of the workload, not timer noise
+    ratio = profile.step_times[0] / compute
+    assert 2.4 <= ratio <= 3.6, f"3x emulated rank profiled {ratio:.2f}x slower than it computes"
+    assert profile.throughput == pytest.approx(256 / profile.step_times[0])

@@ -1,0 +1,393 @@
+"""profile_replica / profile_all on a fake clock: exact figures, untouched model, budgets."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from lbtrain import SingleProcessCommunicator, balanced_loader, plan_batches
+from lbtrain.balancer import ReplicaSpeed, SupportsReplicaSpeed
+from lbtrain.emulation import Slowdown
+from lbtrain.profiling import (
+    ProfileConfig,
+    ProfileFileError,
+    ReplicaProfile,
+    load_profiles,
+    profile_all,
+    profile_replica,
+    save_profiles,
+)
+
+ALPHA, BETA = 0.004, 0.0005
+# A budget the fake clock never reaches: rounds stop at max_repeats.
+UNLIMITED = 1e6
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a busy 2-core machine, OpenMP barriers on tiny tensors stall."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class FakeClock:
+    """A clock that only moves when told to: the model's forward and the emulated sleep."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class ClockedModel(nn.Module):
+    """A real trainable model whose forward costs ALPHA + BETA * b seconds of fake time."""
+
+    def __init__(self, clock: FakeClock, alpha: float = ALPHA, beta: float = BETA) -> None:
+        super().__init__()
+        self.clock, self.alpha, self.beta = clock, alpha, beta
+        self.net = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.clock.advance(self.alpha + self.beta * x.shape[0])
+        return self.net(x)
+
+
+def make_batch(size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(size, 6, device=device), torch.randint(0, 3, (size,), device=device)
+
+
+def trained_setup(clock: FakeClock, **model_kwargs):
+    """A model and Adam optimizer that already carry state from two real steps."""
+    torch.manual_seed(1)
+    model = ClockedModel(clock, **model_kwargs)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(2):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(5, 6)), torch.randint(0, 3, (5,))).backward()
+        optimizer.step()
+    return model, optimizer
+
+
+def run_profile(clock, model, optimizer, config=None, slowdown=None, **kwargs):
+    config = config or ProfileConfig(
+        batch_sizes=(8, 16, 32, 64), time_budget=UNLIMITED, max_repeats=6
+    )
+    # cpu_timer=None: on a fake clock, real CPU seconds would not match the fake wall time.
+    return profile_replica(
+        model,
+        optimizer,
+        nn.functional.cross_entropy,
+        make_batch,
+        config=config,
+        slowdown=slowdown,
+        timer=clock,
+        cpu_timer=None,
+        available_memory=lambda: 8 * 2**30,
+        host="fake-host",
+        **kwargs,
+    )
+
+
+def test_fake_clock_recovers_exact_times_throughput_alpha_and_beta():
+    clock = FakeClock()
+    model, optimizer = trained_setup(clock)
+    profile = run_profile(clock, model, optimizer, rank=2, workload="clocked")
+    assert profile.batch_sizes == (8, 16, 32, 64)
+    assert profile.step_times == pytest.approx([ALPHA + BETA * b for b in (8, 16, 32, 64)])
+    assert profile.samples_per_second == pytest.approx(
+        [b / (ALPHA + BETA * b) for b in (8, 16, 32, 64)]
+    )
+    assert profile.alpha == pytest.approx(ALPHA, rel=1e-6)
+    assert profile.beta == pytest.approx(BETA, rel=1e-6)
+    assert profile.r_squared == pytest.approx(1.0)
+    assert profile.fit_relative_error == pytest.approx(0.0, abs=1e-9)
+    # No reference batch given: samples/s at the largest rung, off the fitted line.
+    assert profile.throughput_batch == 64
+    assert profile.throughput == pytest.approx(64 / (ALPHA + BETA * 64))
+    assert (profile.rank, profile.host, profile.workload) == (2, "fake-host", "clocked")
+    assert (profile.device, profile.device_kind) == ("cpu", "cpu")
+    assert profile.threads == torch.get_num_threads()
+    assert profile.cap is not None and profile.cap > 64
+    assert profile.cap_source == "cpu-ram-estimate"
+    assert profile.memory_per_sample > 0
+    assert profile.started_at <= profile.finished_at
+    assert profile.repeats == 6
+
+
+def test_reference_batch_sets_where_throughput_is_read():
+    clock = FakeClock()
+    model, optimizer = trained_setup(clock)
+    config = ProfileConfig(
+        batch_sizes=(8, 16, 32), time_budget=UNLIMITED, max_repeats=5, reference_batch=100
+    )
+    profile = run_profile(clock, model, optimizer, config=config)
+    assert profile.throughput_batch == 100
+    assert profile.throughput == pytest.approx(100 / (ALPHA + BETA * 100))
+
+
+def test_emulated_slowdown_through_the_fake_clock_is_exactly_threefold():
+    clock = FakeClock()
+    model, optimizer = trained_setup(clock)
+    fast = run_profile(clock, model, optimizer)
+    slow = run_profile(clock, model, optimizer, slowdown=Slowdown(3.0, sleep=clock.advance))
+    assert slow.slowdown == 3.0
+    assert fast.throughput / slow.throughput == pytest.approx(3.0)
+    assert slow.alpha == pytest.approx(3 * ALPHA, rel=1e-6)
+    assert slow.beta == pytest.approx(3 * BETA, rel=1e-6)
+
+
+def _state(model, optimizer):
+    return (
+        copy.deepcopy(model.state_dict()),
+        copy.deepcopy(optimizer.state_dict()),
+        [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+        [m.training for m in model.modules()],
+    )
+
+
+def _assert_same(before, after):
+    (model_a, optim_a, grads_a, modes_a), (model_b, optim_b, grads_b, modes_b) = before, after
+    assert model_a.keys() == model_b.keys()
+    for key in model_a:
+        assert torch.equal(model_a[key], model_b[key]), key
+    assert optim_a["param_groups"] == optim_b["param_groups"]
+    assert optim_a["state"].keys() == optim_b["state"].keys()
+    for index, state in optim_a["state"].items():
+        for key, value in state.items():
+            other = optim_b["state"][index][key]
+            assert torch.equal(value, other) if torch.is_tensor(value) else value == other
+    assert len(grads_a) == len(grads_b)
+    for grad_a, grad_b in zip(grads_a, grads_b, strict=True):
+        assert (grad_a is None and grad_b is None) or torch.equal(grad_a, grad_b)
+    assert modes_a == modes_b
+
+
+def test_profiling_leaves_model_optimizer_grads_mode_and_rng_as_they_were():
+    clock = FakeClock()
+    model, optimizer = trained_setup(clock)
+    model.eval()  # a mode profiling must switch back
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.25)
+    params = list(model.parameters())
+    before = _state(model, optimizer)
+    rng = torch.get_rng_state()
+    run_profile(clock, model, optimizer)
+    _assert_same(before, _state(model, optimizer))
+    assert torch.equal(rng, torch.get_rng_state())
+    # Restored in place: references held elsewhere (schedulers, hooks) stay valid.
+    assert all(a is b for a, b in zip(params, model.parameters(), strict=True))
+    assert optimizer.param_groups[0]["params"][0] is params[0]
+    # The check can fail: one real step does change the state.
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(model(torch.randn(4, 6)), torch.randint(0, 3, (4,))).backward()
+    optimizer.step()
+    with pytest.raises(AssertionError):
+        _assert_same(before, _state(model, optimizer))
+
+
+def test_fresh_optimizer_stays_fresh():
+    clock = FakeClock()
+    model = ClockedModel(clock)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    before = _state(model, optimizer)
+    run_profile(clock, model, optimizer)
+    assert not optimizer.state
+    _assert_same(before, _state(model, optimizer))
+
+
+@pytest.mark.parametrize("budget", [0.5, 2.0, 8.0])
+def test_time_budget_is_respected_on_the_fake_clock(budget):
+    clock = FakeClock()
+    model, optimizer = trained_setup(clock, alpha=0.001, beta=0.001)
+    config = ProfileConfig(min_batch=16, max_batch=1024, time_budget=budget)
+    start = clock.now
+    profile = run_profile(clock, model, optimizer, config=config)
+    assert clock.now - start <= budget
+    assert len(profile.batch_sizes) >= 2
+    # A 1024 batch alone costs over a second: the ladder is cut where the budget says.
+    assert profile.batch_sizes[-1] < 1024
+    assert profile.alpha == pytest.approx(0.001, rel=1e-6)
+    assert profile.beta == pytest.approx(0.001, rel=1e-6)
+
+
+def test_longer_budget_climbs_higher():
+    tops = []
+    for budget in (0.5, 8.0):
+        clock = FakeClock()
+        model, optimizer = trained_setup(clock, alpha=0.001, beta=0.001)
+        config = ProfileConfig(min_batch=16, max_batch=1024, time_budget=budget)
+        tops.append(run_profile(clock, model, optimizer, config=config).batch_sizes[-1])
+    assert tops[0] < tops[1]
+
+
+def test_default_ladder_doubles_and_ends_at_max_batch():
+    assert ProfileConfig().ladder() == (16, 32, 64, 128, 256, 512, 1024)
+    assert ProfileConfig(min_batch=10, max_batch=50).ladder() == (10, 20, 40, 50)
+    assert ProfileConfig(batch_sizes=(3, 9)).ladder() == (3, 9)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"batch_sizes": (32, 16)},
+        {"batch_sizes": (0, 4)},
+        {"min_batch": 0},
+        {"min_batch": 64, "max_batch": 32},
+        {"repeats": 0},
+        {"time_budget": 0.0},
+        {"time_budget": float("nan")},
+        {"warmup": -1},
+        {"reference_batch": 0},
+    ],
+)
+def test_profile_config_rejects_bad_values(kwargs):
+    with pytest.raises(ValueError):
+        ProfileConfig(**kwargs)
+
+
+def test_profile_all_single_process_gives_one_record_with_common_reference():
+    clock = FakeClock()
+    model, optimizer = trained_setup(clock)
+    profiles = profile_all(
+        SingleProcessCommunicator(),
+        model,
+        optimizer,
+        nn.functional.cross_entropy,
+        make_batch,
+        config=ProfileConfig(batch_sizes=(8, 16, 32), time_budget=UNLIMITED, max_repeats=5),
+        timer=clock,
+        cpu_timer=None,
+    )
+    assert len(profiles) == 1
+    (profile,) = profiles
+    assert profile.rank == 0
+    assert profile.reference_batch == 32
+    assert profile.alpha == pytest.approx(ALPHA, rel=1e-6)
+
+
+def _profile(rank: int = 0, **changes) -> ReplicaProfile:
+    fields = dict(
+        rank=rank,
+        host="h",
+        device="cpu",
+        device_kind="cpu",
+        device_name="CPU",
+        threads=1,
+        workload="w",
+        batch_sizes=(10, 20),
+        step_times=(0.02, 0.03),
+        alpha=0.01,
+        beta=0.001,
+        r_squared=1.0,
+        cap=500,
+        cap_source="cpu-ram-estimate",
+        memory_per_sample=100.0,
+        slowdown=1.0,
+        repeats=5,
+        started_at="2025-01-01T00:00:00.000+00:00",
+        finished_at="2025-01-01T00:00:02.500+00:00",
+        reference_batch=None,
+        fit_relative_error=0.0,
+    )
+    fields.update(changes)
+    return ReplicaProfile(**fields)
+
+
+def test_profile_json_round_trip(tmp_path):
+    profile = _profile(reference_batch=40)
+    assert ReplicaProfile.from_json(profile.to_json()) == profile
+    profiles = [_profile(0), _profile(1, alpha=0.0, cap=None, r_squared=None)]
+    path = save_profiles(tmp_path / "sub" / "p.json", profiles)
+    assert load_profiles(path) == profiles
+    assert load_profiles(path, world_size=2) == profiles
+    data = json.loads(path.read_text())
+    assert data["world_size"] == 2 and data["format"] == "lbtrain-profiles"
+    assert data["profiles"][0]["samples_per_second"] == pytest.approx([500.0, 20 / 0.03])
+    assert profile.duration == pytest.approx(2.5)
+
+
+def test_older_files_without_optional_fields_still_load():
+    data = _profile().to_dict()
+    del data["reference_batch"], data["fit_relative_error"]
+    profile = ReplicaProfile.from_dict(data)
+    assert profile.reference_batch is None and profile.throughput_batch == 20
+
+
+def test_profile_records_feed_plan_batches_and_balanced_loader_directly():
+    fast = _profile(0, alpha=0.0, beta=0.001, cap=None)
+    slow = _profile(1, alpha=0.0, beta=0.003, cap=None)
+    assert isinstance(fast, SupportsReplicaSpeed)
+    speed = fast.replica_speed()
+    assert isinstance(speed, ReplicaSpeed)
+    assert (speed.throughput, speed.alpha, speed.beta, speed.cap) == (
+        pytest.approx(1000.0),
+        0.0,
+        0.001,
+        None,
+    )
+    plan = plan_batches([fast, slow], 40, "proportional")
+    assert plan.batch_sizes == (30, 10)
+    assert plan_batches([fast, slow], 40, "cost").batch_sizes == (30, 10)
+    capped = _profile(1, alpha=0.0, beta=0.0001, cap=7)
+    assert plan_batches([fast, capped], 40, "proportional").batch_sizes == (33, 7)
+    dataset = torch.utils.data.TensorDataset(torch.arange(80))
+    shares = [
+        [
+            len(batch)
+            for (batch,) in balanced_loader([fast, slow], dataset, global_batch_size=40, rank=rank)
+        ]
+        for rank in (0, 1)
+    ]
+    assert shares == [[30, 30], [10, 10]]
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "does not exist"),
+        ("{not json", "not valid JSON"),
+        ('{"format": "other"}', "not an lbtrain profiles file"),
+        ('{"format": "lbtrain-profiles", "version": 1, "profiles": []}', "holds no profiles"),
+        (
+            '{"format": "lbtrain-profiles", "version": 1, "world_size": 1, '
+            '"profiles": [{"rank": 0}]}',
+            "lacks",
+        ),
+    ],
+)
+def test_bad_profile_files_give_one_line_errors_naming_file_and_fix(tmp_path, content, needle):
+    path = tmp_path / "profiles.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ProfileFileError) as info:
+        load_profiles(path)
+    message = str(info.value)
+    assert needle in message and str(path) in message
+    assert "lbtrain profile" in message and "\n" not in message
+
+
+def test_world_size_mismatch_names_both_sizes_and_the_fix(tmp_path):
+    path = save_profiles(tmp_path / "p.json", [_profile(0), _profile(1)])
+    with pytest.raises(ProfileFileError, match=r"recorded with 2 ranks but this run has 3"):
+        load_profiles(path, world_size=3)
+
+
+def test_invalid_record_values_are_rejected():
+    with pytest.raises(ValueError):
+        _profile(step_times=(0.02, -1.0))
+    with pytest.raises(ValueError):
+        _profile(batch_sizes=(10,))
+    with pytest.raises(ValueError):
+        _profile(beta=0.0)
+    with pytest.raises(ValueError):
+        _profile(reference_batch=0)
