@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RANKS ?= 3
 
-.PHONY: venv test lint demo clean
+.PHONY: venv test lint demo demo-hs clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,11 @@ test: lint
 
 demo: $(STAMP)
 	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py examples/balanced_toy.py
+
+# The hyperspectral application alone, one process, on Indian Pines (tensorly's offline copy).
+demo-hs: $(STAMP)
+	$(PY) -m hyperspectral train --scene IndianPines --model hamida --patch-size 11 --pca 30 \
+		--epochs 30 --threads 2 --out runs/demo-hs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

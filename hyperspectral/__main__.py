@@ -1,0 +1,10 @@
+"""``python -m hyperspectral``."""
+
+from .malloc import tune_malloc
+
+# Before torch is imported (by .cli): see hyperspectral/malloc.py for why and by how much.
+tune_malloc()
+
+from .cli import main  # noqa: E402
+
+raise SystemExit(main())

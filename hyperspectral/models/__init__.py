@@ -1,0 +1,82 @@
+"""Model registry: name -> factory with one uniform signature.
+
+All models take ``float32`` patches shaped (N, C, P, P) and return (N, K) logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from .hamida import HamidaEtAl, build_hamida
+from .hu import HuEtAl, build_hu
+from .hybridsn import HybridSN, build_hybridsn
+
+__all__ = ["MODELS", "ModelSpec", "build_model", "model_names", "HuEtAl", "HamidaEtAl", "HybridSN"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered model.
+
+    Args:
+        factory: ``factory(*, bands, num_classes, patch_size, dropout) -> nn.Module``.
+        patch_size: default (reference) patch size.
+        pca: reference number of PCA components, ``None`` for raw bands.
+        description: one line for ``--help``.
+    """
+
+    factory: Callable[..., nn.Module]
+    patch_size: int
+    pca: int | None
+    description: str
+
+
+MODELS: dict[str, ModelSpec] = {
+    "hu": ModelSpec(build_hu, 1, None, "1-D spectral CNN (Hu et al. 2015), centre pixel only"),
+    "hamida": ModelSpec(build_hamida, 5, None, "3-D CNN (Ben Hamida et al. 2018)"),
+    "hybridsn": ModelSpec(build_hybridsn, 25, 30, "3-D + 2-D CNN (Roy et al. 2019)"),
+}
+
+
+def model_names() -> list[str]:
+    """Registered model names."""
+    return list(MODELS)
+
+
+def build_model(
+    name: str,
+    *,
+    bands: int,
+    num_classes: int,
+    patch_size: int | None = None,
+    dropout: float = 0.4,
+) -> nn.Module:
+    """Build the registered model ``name``.
+
+    Args:
+        name: a key of :data:`MODELS`.
+        bands: input channels C (after PCA, if any).
+        num_classes: number of classes K.
+        patch_size: odd patch edge P; ``None`` uses the model's default.
+        dropout: dropout probability in [0, 1); 0 makes the model deterministic.
+
+    Raises:
+        ValueError: unknown name, or an invalid size or dropout.
+    """
+    try:
+        spec = MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout={dropout} must be in [0, 1)")
+    if bands < 1 or num_classes < 2:
+        raise ValueError(f"need bands >= 1 and num_classes >= 2, got {bands} and {num_classes}")
+    return spec.factory(
+        bands=bands,
+        num_classes=num_classes,
+        patch_size=patch_size or spec.patch_size,
+        dropout=dropout,
+    )

@@ -1,0 +1,89 @@
+"""A lazy patch dataset over one padded cube."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+__all__ = ["PatchDataset", "pad_cube"]
+
+
+def pad_cube(cube: np.ndarray, patch_size: int) -> torch.Tensor:
+    """Return the (C, H + 2r, W + 2r) zero-padded, channels-first copy of an (H, W, C) cube.
+
+    Zero padding is used: after standardisation zero is the training mean of every band, so
+    border patches see a neutral value instead of mirrored copies of real (possibly test)
+    pixels. HybridSN's reference code pads with zeros too.
+    """
+    if patch_size < 1 or patch_size % 2 == 0:
+        raise ValueError(f"patch_size={patch_size} must be a positive odd number, e.g. 25")
+    r = patch_size // 2
+    chw = torch.from_numpy(np.ascontiguousarray(cube.transpose(2, 0, 1), dtype=np.float32))
+    return torch.nn.functional.pad(chw, (r, r, r, r)).contiguous()
+
+
+class PatchDataset(Dataset):
+    """Patches centred on chosen pixels, cut on demand from one shared padded cube.
+
+    Only the padded cube (C x (H+2r) x (W+2r)) is stored; a patch is sliced when asked for,
+    so memory does not grow with the number of pixels (the N x P x P x C array that
+    HybridSN-style code builds does not fit for large scenes). Border pixels are kept and
+    see zeros outside the image.
+
+    Args:
+        padded: cube from :func:`pad_cube`, shared between datasets of one scene.
+        indices: flat pixel indices ``row * W + col``.
+        patch_size: odd patch edge P, the one used for ``padded``.
+        width: scene width W, to turn flat indices into (row, col).
+        labels: optional (H, W) ground truth (0 unlabelled); items then carry ``label - 1``.
+
+    Items are ``(patch, target)``: ``patch`` is a ``float32`` tensor (C, P, P) and
+    ``target`` an ``int64`` class index in 0..K-1 (``-1`` when no labels were given).
+    """
+
+    def __init__(
+        self,
+        padded: torch.Tensor,
+        indices: np.ndarray,
+        patch_size: int,
+        width: int,
+        labels: np.ndarray | None = None,
+    ) -> None:
+        r = patch_size // 2
+        height = padded.shape[1] - 2 * r
+        if padded.shape[2] - 2 * r != width:
+            raise ValueError(f"width={width} does not match the padded cube {tuple(padded.shape)}")
+        indices = np.asarray(indices, dtype=np.int64)
+        if indices.size and (indices.min() < 0 or indices.max() >= height * width):
+            raise ValueError(f"pixel indices must be in [0, {height * width}), got out-of-range")
+        self.padded = padded
+        self.patch_size = patch_size
+        self.width = width
+        self.indices = torch.from_numpy(indices)
+        if labels is not None:
+            targets = labels.ravel()[indices].astype(np.int64) - 1
+        else:
+            targets = np.full(indices.shape, -1, dtype=np.int64)
+        self.targets = torch.from_numpy(targets)
+
+    def __len__(self) -> int:
+        return int(self.indices.numel())
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        row, col = divmod(int(self.indices[i]), self.width)
+        p = self.patch_size
+        # The padded cube is offset by r, so the patch centred at (row, col) starts there.
+        # clone: callers may augment in place, and the cube is shared by every item.
+        return self.padded[:, row : row + p, col : col + p].clone(), self.targets[i]
+
+    def batch(self, positions: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather items at ``positions`` into a (N, C, P, P) batch with one indexing call."""
+        pos = torch.as_tensor(positions, dtype=torch.int64)
+        flat = self.indices[pos]
+        rows, cols = flat // self.width, flat % self.width
+        offs = torch.arange(self.patch_size)
+        r_idx = (rows[:, None] + offs[None, :])[:, :, None]
+        c_idx = (cols[:, None] + offs[None, :])[:, None, :]
+        patches = self.padded[:, r_idx, c_idx]  # (C, N, P, P)
+        return patches.permute(1, 0, 2, 3).contiguous(), self.targets[pos]

@@ -1,0 +1,240 @@
+"""Seeded train/test splits of the labelled pixels, savable as ``.npz`` index files.
+
+Indices are flat pixel indices ``row * W + col`` into the scene's ground truth.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import ndimage
+
+__all__ = [
+    "Split",
+    "SPLIT_KINDS",
+    "random_split",
+    "fixed_split",
+    "disjoint_split",
+    "make_split",
+    "save_split",
+    "load_split",
+]
+
+SPLIT_KINDS = ("random", "fixed", "disjoint")
+
+
+@dataclass
+class Split:
+    """Training and test pixel indices plus how they were made.
+
+    Args:
+        train: sorted flat indices of training pixels.
+        test: sorted flat indices of test pixels.
+        shape: (H, W) of the ground truth the indices refer to.
+        meta: kind, seed and parameters, for reproducibility.
+    """
+
+    train: np.ndarray
+    test: np.ndarray
+    shape: tuple[int, int]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def _classes(gt: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    flat = gt.ravel()
+    return [(int(c), np.flatnonzero(flat == c)) for c in np.unique(flat) if c > 0]
+
+
+def _finish(
+    gt: np.ndarray, train: list[np.ndarray], test: list[np.ndarray], meta: dict[str, Any]
+) -> Split:
+    empty = np.empty(0, dtype=np.int64)
+    return Split(
+        train=np.sort(np.concatenate(train or [empty])).astype(np.int64),
+        test=np.sort(np.concatenate(test or [empty])).astype(np.int64),
+        shape=(int(gt.shape[0]), int(gt.shape[1])),
+        meta=meta,
+    )
+
+
+def random_split(gt: np.ndarray, train_ratio: float, seed: int = 0) -> Split:
+    """Stratified random split: each class contributes ``round(ratio * n)`` training pixels.
+
+    Every class keeps at least one training and, when it has two pixels, one test pixel.
+    """
+    if not 0.0 < train_ratio < 1.0:
+        raise ValueError(f"train_ratio={train_ratio} must be in (0, 1), e.g. 0.1 for 10%")
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for _c, idx in _classes(gt):
+        idx = rng.permutation(idx)
+        n_train = min(max(1, int(round(train_ratio * idx.size))), max(1, idx.size - 1))
+        train.append(idx[:n_train])
+        test.append(idx[n_train:])
+    return _finish(gt, train, test, {"kind": "random", "train_ratio": train_ratio, "seed": seed})
+
+
+def fixed_split(gt: np.ndarray, per_class: int, seed: int = 0) -> Split:
+    """``per_class`` random training pixels per class, the rest for testing.
+
+    Classes with at most ``per_class`` pixels are capped to half their pixels, with a
+    warning, so that every class still has test pixels.
+    """
+    if per_class < 1:
+        raise ValueError(f"per_class={per_class} must be >= 1")
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for c, idx in _classes(gt):
+        idx = rng.permutation(idx)
+        n_train = per_class
+        if idx.size <= per_class:
+            n_train = max(1, idx.size // 2)
+            warnings.warn(
+                f"class {c} has only {idx.size} labelled pixels, fewer than per_class={per_class}; "
+                f"using {n_train} for training and the rest for testing",
+                stacklevel=2,
+            )
+        train.append(idx[:n_train])
+        test.append(idx[n_train:])
+    return _finish(gt, train, test, {"kind": "fixed", "per_class": per_class, "seed": seed})
+
+
+def disjoint_split(
+    gt: np.ndarray,
+    train_ratio: float,
+    patch_size: int,
+    seed: int = 0,
+    tile_size: int | None = None,
+) -> Split:
+    """Spatially disjoint split: no training patch contains a test pixel.
+
+    The scene is cut into square tiles; tiles go to training (in seeded random order) while
+    that brings the classes they contain closer to ``train_ratio``, otherwise to testing.
+    Test pixels closer than ``patch_size // 2`` (Chebyshev distance) to any training pixel are
+    then dropped, so a training patch centred on any training pixel never covers a test pixel
+    and overlapping patches cannot leak test spectra into training.
+
+    Args:
+        gt: (H, W) labels, 0 = unlabelled.
+        train_ratio: target share of each class used for training, in (0, 1).
+        patch_size: the odd patch size the model will use.
+        seed: random seed for the tile order.
+        tile_size: tile edge in pixels; default ``max(2 * patch_size, 8)``.
+    """
+    if not 0.0 < train_ratio < 1.0:
+        raise ValueError(f"train_ratio={train_ratio} must be in (0, 1), e.g. 0.1 for 10%")
+    if patch_size < 1:
+        raise ValueError(f"patch_size={patch_size} must be >= 1")
+    tile = tile_size or max(2 * patch_size, 8)
+    h, w = gt.shape
+    k = int(gt.max(initial=0))
+    totals = np.bincount(gt.ravel(), minlength=k + 1)[1:].astype(np.float64)
+    target = train_ratio * totals
+    have = np.zeros(k)
+    rng = np.random.default_rng(seed)
+    tiles = [(r, c) for r in range(0, h, tile) for c in range(0, w, tile)]
+    train_mask = np.zeros((h, w), dtype=bool)
+    for i in rng.permutation(len(tiles)):
+        r, c = tiles[i]
+        block = gt[r : r + tile, c : c + tile]
+        counts = np.bincount(block.ravel(), minlength=k + 1)[1:]
+        if counts.sum() == 0:
+            continue
+        # Weight by 1/total so small classes count as much as big ones.
+        gain = np.sum(counts * np.sign(target - have - counts / 2) / np.maximum(totals, 1))
+        if gain > 0:
+            train_mask[r : r + tile, c : c + tile] = True
+            have += counts
+    labelled = gt > 0
+    train_mask &= labelled
+    radius = patch_size // 2
+    near_train = ndimage.maximum_filter(train_mask, size=2 * radius + 1, mode="constant")
+    test_mask = labelled & ~near_train
+    for c in range(1, k + 1):
+        if totals[c - 1] and not (train_mask & (gt == c)).any():
+            warnings.warn(f"disjoint split: class {c} has no training pixels", stacklevel=2)
+        if totals[c - 1] and not (test_mask & (gt == c)).any():
+            warnings.warn(f"disjoint split: class {c} has no test pixels", stacklevel=2)
+    meta = {
+        "kind": "disjoint",
+        "train_ratio": train_ratio,
+        "patch_size": patch_size,
+        "tile_size": tile,
+        "seed": seed,
+    }
+    return _finish(gt, [np.flatnonzero(train_mask)], [np.flatnonzero(test_mask)], meta)
+
+
+def make_split(
+    kind: str,
+    gt: np.ndarray,
+    *,
+    train_ratio: float | None = None,
+    per_class: int | None = None,
+    patch_size: int = 1,
+    seed: int = 0,
+) -> Split:
+    """Dispatch to the split named ``kind`` (one of :data:`SPLIT_KINDS`)."""
+    if kind == "fixed":
+        if per_class is None:
+            raise ValueError("split 'fixed' needs per_class (--train-per-class)")
+        return fixed_split(gt, per_class, seed)
+    if train_ratio is None:
+        raise ValueError(f"split {kind!r} needs train_ratio (--train-ratio)")
+    if kind == "random":
+        return random_split(gt, train_ratio, seed)
+    if kind == "disjoint":
+        return disjoint_split(gt, train_ratio, patch_size, seed)
+    raise ValueError(f"unknown split kind {kind!r}; choose one of {', '.join(SPLIT_KINDS)}")
+
+
+def save_split(split: Split, path: str | Path) -> Path:
+    """Write ``split`` to an ``.npz`` file (indices, shape and JSON metadata)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        np.savez(
+            fh,
+            train=split.train,
+            test=split.test,
+            shape=np.asarray(split.shape),
+            meta=np.asarray(json.dumps(split.meta, sort_keys=True)),
+        )
+    return path
+
+
+def load_split(path: str | Path, gt: np.ndarray | None = None) -> Split:
+    """Read a split written by :func:`save_split`; with ``gt``, check it fits that scene.
+
+    Raises:
+        ValueError: the file is missing, unreadable, or does not fit ``gt``.
+    """
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            split = Split(
+                train=data["train"].astype(np.int64),
+                test=data["test"].astype(np.int64),
+                shape=tuple(int(x) for x in data["shape"]),
+                meta=json.loads(str(data["meta"])),
+            )
+    except (OSError, KeyError, ValueError, EOFError) as exc:
+        raise ValueError(
+            f"cannot read split file {path} ({type(exc).__name__}: {exc}); pass the split.npz "
+            "that an earlier run wrote into its --out folder"
+        ) from exc
+    if gt is not None:
+        if tuple(gt.shape) != split.shape:
+            raise ValueError(f"split {path} is for shape {split.shape}, scene has {gt.shape}")
+        flat = gt.ravel()
+        for name, idx in (("train", split.train), ("test", split.test)):
+            if idx.size and (idx.min() < 0 or idx.max() >= flat.size or (flat[idx] == 0).any()):
+                raise ValueError(
+                    f"split {path}: {name} indices point outside the scene or at unlabelled "
+                    "pixels; was it written for another scene?"
+                )
+    return split

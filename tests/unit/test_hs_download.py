@@ -1,0 +1,129 @@
+"""The download path, against a local HTTP server on 127.0.0.1 (never the real site)."""
+
+from __future__ import annotations
+
+import http.server
+import io
+
+import numpy as np
+import pytest
+
+from hyperspectral.datasets import DatasetError, load_scene
+from hyperspectral.datasets.download import download_file, git_blob_sha1, sha256_of
+
+from .hs_fixtures import fake_info, serve_directory, write_fake_scene
+
+
+@pytest.fixture()
+def served(tmp_path, monkeypatch):
+    """A folder with the fake scene, served on loopback; the user cache is a fresh folder."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("LBTRAIN_DATA", raising=False)
+    src = tmp_path / "remote"
+    write_fake_scene(src)
+    with serve_directory(src) as url:
+        yield src, url
+
+
+def test_download_writes_the_file_and_reports_progress(served, tmp_path):
+    src, url = served
+    progress = io.StringIO()
+    dest = download_file(
+        url + "fake_cube.mat",
+        tmp_path / "dl" / "cube.mat",
+        sha256_of(src / "fake_cube.mat"),
+        progress=progress,
+    )
+    assert dest.read_bytes() == (src / "fake_cube.mat").read_bytes()
+    # A bar, since the server sends Content-Length; it ends full.
+    assert "downloading cube.mat [" in progress.getvalue()
+    assert "#" * 30 + "]" in progress.getvalue()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["cube.mat"]  # no temp left
+
+
+def test_checksum_mismatch_discards_the_download(served, tmp_path):
+    _src, url = served
+    dest = tmp_path / "dl" / "cube.mat"
+    with pytest.raises(DatasetError, match="checksum mismatch.*expected 0000"):
+        download_file(url + "fake_cube.mat", dest, "0" * 64, progress=None)
+    assert not dest.exists()
+    assert list(dest.parent.iterdir()) == []
+
+
+def test_missing_remote_file_is_a_clear_error(served, tmp_path):
+    _src, url = served
+    with pytest.raises(DatasetError, match="could not download .*nothere.mat.*place it at"):
+        download_file(url + "nothere.mat", tmp_path / "x.mat", None, progress=None)
+    assert not (tmp_path / "x.mat").exists()
+
+
+class _TruncatingHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - stdlib hook name
+        self.send_response(200)
+        self.send_header("Content-Length", "10000")
+        self.end_headers()
+        self.wfile.write(b"x" * 100)  # then hang up early
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+def test_truncated_download_leaves_nothing_behind(tmp_path):
+    with serve_directory(tmp_path, _TruncatingHandler) as url:
+        with pytest.raises(DatasetError, match="could not download|stopped after 100 of 10000"):
+            download_file(url + "f.mat", tmp_path / "dl" / "f.mat", None, progress=None)
+    assert list((tmp_path / "dl").iterdir()) == []
+
+
+def test_load_scene_downloads_into_cache_then_reads_offline(served, tmp_path):
+    src, url = served
+    info = fake_info(
+        cube_sha=sha256_of(src / "fake_cube.mat"), gt_sha=sha256_of(src / "fake_gt.mat")
+    )
+    scene = load_scene(info, tmp_path / "empty", mirror=url, progress=None)
+    cache = tmp_path / "xdg" / "lbtrain"
+    assert (cache / "fake_cube.mat").is_file() and (cache / "fake_gt.mat").is_file()
+    # Once cached, no server is needed: point the mirror at a closed port.
+    again = load_scene(info, tmp_path / "empty", mirror="http://127.0.0.1:9/", progress=None)
+    np.testing.assert_array_equal(scene.cube, again.cube)
+
+
+def test_load_scene_with_wrong_checksum_fails_and_caches_nothing(served, tmp_path):
+    _src, url = served
+    info = fake_info(cube_sha="f" * 64)
+    with pytest.raises(DatasetError, match="not found in .*checksum mismatch"):
+        load_scene(info, tmp_path / "empty", mirror=url, progress=None)
+    assert not (tmp_path / "xdg" / "lbtrain" / "fake_cube.mat").exists()
+
+
+def test_download_checked_by_git_blob_id_when_no_sha256_is_known(served, tmp_path):
+    src, url = served
+    blob = git_blob_sha1(src / "fake_gt.mat")
+    dest = download_file(
+        url + "fake_gt.mat", tmp_path / "a" / "gt.mat", git_sha1=blob, progress=None
+    )
+    assert git_blob_sha1(dest) == blob
+    with pytest.raises(DatasetError, match="checksum mismatch.*git blob sha1"):
+        download_file(
+            url + "fake_gt.mat", tmp_path / "b" / "gt.mat", git_sha1="2" * 40, progress=None
+        )
+    assert not (tmp_path / "b" / "gt.mat").exists()
+
+
+def test_load_scene_downloads_from_the_registered_address(served, tmp_path, monkeypatch):
+    """No mirror: the registry's own URL (here on loopback) is used, progress is shown."""
+    src, url = served
+    info = fake_info(base_url=url, cube_sha=sha256_of(src / "fake_cube.mat"))
+    progress = io.StringIO()
+    scene = load_scene(info, tmp_path / "empty", progress=progress)
+    assert scene.cube.shape == (6, 5, 4)
+    assert "downloading fake_cube.mat" in progress.getvalue()
+    assert "downloading fake_gt.mat" in progress.getvalue()
+    # With downloads off and nothing local, the message names both folders and the address.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh"))
+    with pytest.raises(
+        DatasetError,
+        match=r"fake_cube.mat for scene Fake not found in .*"
+        r"empty, .*lbtrain; download it from http",
+    ):
+        load_scene(fake_info(name="Fake"), tmp_path / "empty", download=False)

@@ -1,0 +1,93 @@
+"""The lazy patch dataset and the model registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hyperspectral.models import MODELS, build_model
+from hyperspectral.patches import PatchDataset, pad_cube
+
+
+@pytest.fixture(scope="module")
+def cube():
+    return np.random.default_rng(0).normal(size=(7, 9, 4)).astype(np.float32)
+
+
+def test_patches_equal_a_direct_slice_including_borders(cube):
+    p, r = 5, 2
+    padded = pad_cube(cube, p)
+    reference = np.pad(cube, ((r, r), (r, r), (0, 0)))  # zero padding, as documented
+    gt = np.arange(1, 64).reshape(7, 9)
+    ds = PatchDataset(padded, np.arange(63), p, 9, gt)
+    for idx in [0, 8, 30, 54, 62]:  # corners, middle, edges
+        row, col = divmod(idx, 9)
+        patch, target = ds[idx]
+        expected = reference[row : row + p, col : col + p].transpose(2, 0, 1)
+        np.testing.assert_array_equal(patch.numpy(), expected)
+        assert int(target) == gt[row, col] - 1
+        # Centre of the patch is the pixel itself.
+        np.testing.assert_array_equal(patch[:, r, r].numpy(), cube[row, col])
+    x, y = ds.batch(torch.tensor([0, 30, 62]))
+    assert x.shape == (3, 4, p, p)
+    for j, idx in enumerate([0, 30, 62]):
+        np.testing.assert_array_equal(x[j].numpy(), ds[idx][0].numpy())
+        assert int(y[j]) == int(ds[idx][1])
+
+
+def test_dataset_shares_one_padded_cube(cube):
+    padded = pad_cube(cube, 3)
+    a = PatchDataset(padded, np.arange(10), 3, 9)
+    b = PatchDataset(padded, np.arange(10, 63), 3, 9)
+    assert a.padded.data_ptr() == b.padded.data_ptr() == padded.data_ptr()
+    assert a.padded.numel() == 4 * 9 * 11  # C x (H+2r) x (W+2r), not N x P x P x C
+    assert int(a[0][1]) == -1  # no labels given
+
+
+def test_patch_dataset_rejects_bad_arguments(cube):
+    with pytest.raises(ValueError, match="patch_size=4 must be a positive odd"):
+        pad_cube(cube, 4)
+    with pytest.raises(ValueError, match="out-of-range"):
+        PatchDataset(pad_cube(cube, 3), np.array([63]), 3, 9)
+
+
+@pytest.mark.parametrize(
+    ("name", "bands", "patch"),
+    [
+        ("hu", 50, 1),
+        ("hu", 50, 5),
+        ("hamida", 20, 5),
+        ("hamida", 20, 3),
+        ("hybridsn", 15, 9),
+        ("hybridsn", 30, 25),
+    ],
+)
+def test_model_output_shapes(name, bands, patch):
+    torch.manual_seed(0)
+    model = build_model(name, bands=bands, num_classes=7, patch_size=patch, dropout=0.0)
+    out = model(torch.randn(3, bands, patch, patch))
+    assert out.shape == (3, 7)
+    assert MODELS[name].factory.__doc__ and type(model).__doc__
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_dropout_zero_makes_training_mode_deterministic(name):
+    spec = MODELS[name]
+    bands = 30 if name == "hybridsn" else 20
+    x = torch.randn(2, bands, spec.patch_size, spec.patch_size)
+    model = build_model(name, bands=bands, num_classes=4, dropout=0.0).train()
+    torch.testing.assert_close(model(x), model(x))
+    noisy = build_model(name, bands=bands, num_classes=4, dropout=0.5).train()
+    torch.manual_seed(1)
+    first = noisy(x)
+    assert not torch.equal(first, noisy(x))
+
+
+def test_build_model_errors_name_the_problem():
+    with pytest.raises(ValueError, match="unknown model 'resnet'; choose one of hu, hamida"):
+        build_model("resnet", bands=10, num_classes=3)
+    with pytest.raises(ValueError, match="dropout=1.0"):
+        build_model("hu", bands=10, num_classes=3, dropout=1.0)
+    with pytest.raises(ValueError, match="patch_size >= 9, got 7"):
+        build_model("hybridsn", bands=30, num_classes=3, patch_size=7)

@@ -1,0 +1,186 @@
+"""Leak-free preprocessing and the three split kinds."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from hyperspectral.datasets import load_scene, make_synthetic_scene
+from hyperspectral.preprocess import fit_preprocessor
+from hyperspectral.splits import (
+    disjoint_split,
+    fixed_split,
+    load_split,
+    make_split,
+    random_split,
+    save_split,
+)
+
+
+@pytest.fixture(scope="module")
+def scene():
+    return make_synthetic_scene(40, 44, 16, 4, seed=3)
+
+
+@pytest.fixture(scope="module")
+def indian_pines_gt():
+    """Real Indian Pines labels: from $LBTRAIN_DATA when set, else tensorly's copy."""
+    return load_scene("IndianPines", download=False, progress=None).gt
+
+
+def _covers_test_pixel(
+    train: np.ndarray, test: np.ndarray, shape: tuple[int, int], patch: int
+) -> np.ndarray:
+    """For each training pixel, whether its patch x patch window holds a test pixel."""
+    from scipy import ndimage
+
+    test_mask = np.zeros(shape[0] * shape[1], bool)
+    test_mask[test] = True
+    near_test = ndimage.maximum_filter(test_mask.reshape(shape), size=patch, mode="constant")
+    return near_test.ravel()[train]
+
+
+def test_standardisation_uses_training_pixels_only(scene):
+    split = random_split(scene.gt, 0.2, seed=0)
+    prep = fit_preprocessor(scene.cube, split.train)
+    train_pixels = scene.cube.reshape(-1, 16)[split.train].astype(np.float64)
+    np.testing.assert_allclose(prep.mean, train_pixels.mean(0), rtol=1e-10)
+    np.testing.assert_allclose(prep.std, train_pixels.std(0), rtol=1e-10)
+    # Wildly changing every non-training pixel must not move the fit...
+    poisoned = scene.cube.copy().reshape(-1, 16)
+    others = np.setdiff1d(np.arange(poisoned.shape[0]), split.train)
+    poisoned[others] = poisoned[others] * 100 + 1e4
+    refit = fit_preprocessor(poisoned.reshape(scene.cube.shape), split.train)
+    np.testing.assert_array_equal(refit.mean, prep.mean)
+    np.testing.assert_array_equal(refit.std, prep.std)
+    # ...while changing one training pixel does (so this test can fail).
+    poisoned[split.train[0]] += 1e4
+    moved = fit_preprocessor(poisoned.reshape(scene.cube.shape), split.train)
+    assert not np.allclose(moved.mean, prep.mean)
+
+
+def test_pca_is_fitted_on_training_pixels_only(scene):
+    split = random_split(scene.gt, 0.2, seed=1)
+    prep = fit_preprocessor(scene.cube, split.train, 5)
+    poisoned = scene.cube.copy().reshape(-1, 16)
+    test_mask = np.ones(poisoned.shape[0], bool)
+    test_mask[split.train] = False
+    poisoned[test_mask] = np.random.default_rng(0).normal(0, 50, (test_mask.sum(), 16))
+    refit = fit_preprocessor(poisoned.reshape(scene.cube.shape), split.train, 5)
+    np.testing.assert_allclose(refit.pca.components_, prep.pca.components_)
+    out = prep.transform(scene.cube)
+    assert out.shape == (40, 44, 5) and out.dtype == np.float32
+    # Whitened PCA of training pixels has unit variance there (ddof=1 as sklearn).
+    np.testing.assert_allclose(out.reshape(-1, 5)[split.train].std(0, ddof=1), 1, rtol=1e-3)
+    with pytest.raises(ValueError, match="pca_components=40 is out of range"):
+        fit_preprocessor(scene.cube, split.train, 40)
+
+
+def test_random_split_is_stratified_disjoint_and_seeded(scene):
+    a = random_split(scene.gt, 0.25, seed=7)
+    b = random_split(scene.gt, 0.25, seed=7)
+    c = random_split(scene.gt, 0.25, seed=8)
+    np.testing.assert_array_equal(a.train, b.train)
+    assert not np.array_equal(a.train, c.train)
+    assert np.intersect1d(a.train, a.test).size == 0
+    labelled = np.flatnonzero(scene.gt.ravel() > 0)
+    np.testing.assert_array_equal(np.union1d(a.train, a.test), labelled)
+    flat = scene.gt.ravel()
+    for k in range(1, 5):
+        n = (flat == k).sum()
+        assert (flat[a.train] == k).sum() == round(0.25 * n)
+    with pytest.raises(ValueError, match="train_ratio=1.5"):
+        random_split(scene.gt, 1.5)
+
+
+def test_fixed_split_caps_tiny_classes_with_a_warning():
+    gt = np.zeros((10, 10), dtype=np.int64)
+    gt[:5] = 1  # 50 pixels
+    gt[9, :4] = 2  # 4 pixels: fewer than requested
+    with pytest.warns(UserWarning, match="class 2 has only 4 labelled pixels"):
+        split = fixed_split(gt, 10, seed=0)
+    flat = gt.ravel()
+    assert (flat[split.train] == 1).sum() == 10
+    assert (flat[split.train] == 2).sum() == 2 and (flat[split.test] == 2).sum() == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fixed_split(gt, 3, seed=0)  # no class is tiny: no warning
+
+
+@pytest.mark.parametrize("patch", [3, 5, 9])
+def test_disjoint_split_no_training_patch_covers_a_test_pixel(scene, patch):
+    split = disjoint_split(scene.gt, 0.3, patch, seed=2, tile_size=8)
+    assert split.train.size > 0 and split.test.size > 0
+    r = patch // 2
+    h, w = scene.gt.shape
+    test_mask = np.zeros(h * w, bool)
+    test_mask[split.test] = True
+    test_mask = test_mask.reshape(h, w)
+    for idx in split.train:
+        row, col = divmod(int(idx), w)
+        window = test_mask[max(0, row - r) : row + r + 1, max(0, col - r) : col + r + 1]
+        assert not window.any(), f"training patch at {(row, col)} covers a test pixel"
+    # A random split of the same scene does leak, so the check above has teeth.
+    rnd = random_split(scene.gt, 0.3, seed=2)
+    rnd_test = np.zeros(h * w, bool)
+    rnd_test[rnd.test] = True
+    row, col = divmod(int(rnd.train[len(rnd.train) // 2]), w)
+    assert rnd_test.reshape(h, w)[
+        max(0, row - r) : row + r + 1, max(0, col - r) : col + r + 1
+    ].any()
+
+
+def test_disjoint_split_keeps_every_class_near_the_ratio():
+    s = make_synthetic_scene(96, 96, 8, 3, seed=0, regions_per_class=6)
+    split = disjoint_split(s.gt, 0.3, 5, seed=0, tile_size=12)
+    flat = s.gt.ravel()
+    for k in range(1, 4):
+        share = (flat[split.train] == k).sum() / (flat == k).sum()
+        assert 0.1 < share < 0.6, (k, share)
+
+
+def test_split_round_trips_through_an_index_file(scene, tmp_path):
+    split = make_split("random", scene.gt, train_ratio=0.1, seed=4)
+    path = save_split(split, tmp_path / "split.npz")
+    back = load_split(path, scene.gt)
+    np.testing.assert_array_equal(back.train, split.train)
+    np.testing.assert_array_equal(back.test, split.test)
+    assert back.meta == {"kind": "random", "train_ratio": 0.1, "seed": 4}
+    with pytest.raises(ValueError, match="is for shape"):
+        load_split(path, np.zeros((3, 3), dtype=np.int64))
+    with pytest.raises(ValueError, match="needs per_class"):
+        make_split("fixed", scene.gt)
+
+
+def test_random_split_of_real_indian_pines_takes_ten_percent_of_every_class(indian_pines_gt):
+    split = random_split(indian_pines_gt, 0.1, seed=0)
+    flat = indian_pines_gt.ravel()
+    counts = np.bincount(flat[flat > 0], minlength=17)[1:]
+    train_counts = np.bincount(flat[split.train], minlength=17)[1:]
+    np.testing.assert_array_equal(train_counts, np.maximum(1, np.round(0.1 * counts)))
+    assert split.train.size == 1025 and split.train.size + split.test.size == 10249
+    # Patches of a random split do overlap test pixels: the reason the disjoint split exists.
+    assert _covers_test_pixel(split.train, split.test, indian_pines_gt.shape, 25).mean() > 0.9
+
+
+def test_disjoint_split_of_real_indian_pines_has_no_overlapping_patch(indian_pines_gt):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tiny classes may end up on one side only
+        split = disjoint_split(indian_pines_gt, 0.3, 11, seed=0)
+    assert split.train.size > 1000 and split.test.size > 1000
+    assert not _covers_test_pixel(split.train, split.test, indian_pines_gt.shape, 11).any()
+
+
+def test_load_split_errors_are_one_clear_line(scene, tmp_path):
+    with pytest.raises(ValueError, match="cannot read split file .*nope.npz.*earlier run"):
+        load_split(tmp_path / "nope.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="cannot read split file"):
+        load_split(tmp_path / "junk.npz")
+    split = random_split(scene.gt, 0.2, seed=0)
+    other = np.zeros_like(scene.gt)
+    path = save_split(split, tmp_path / "s.npz")
+    with pytest.raises(ValueError, match="unlabelled pixels; was it written for another scene"):
+        load_split(path, other)
