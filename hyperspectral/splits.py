@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,11 +223,13 @@ def load_split(path: str | Path, gt: np.ndarray | None = None) -> Split:
                 shape=tuple(int(x) for x in data["shape"]),
                 meta=json.loads(str(data["meta"])),
             )
-    except (OSError, KeyError, ValueError, EOFError) as exc:
+    except (OSError, KeyError, ValueError, EOFError, TypeError, zipfile.BadZipFile) as exc:
         raise ValueError(
             f"cannot read split file {path} ({type(exc).__name__}: {exc}); pass the split.npz "
             "that an earlier run wrote into its --out folder"
         ) from exc
+    if np.intersect1d(split.train, split.test).size:
+        raise ValueError(f"split {path}: some pixels are in both train and test; make a new split")
     if gt is not None:
         if tuple(gt.shape) != split.shape:
             raise ValueError(f"split {path} is for shape {split.shape}, scene has {gt.shape}")

@@ -73,7 +73,11 @@ class TrainConfig:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         spec = MODELS[self.model]
         cfg = TrainConfig(**asdict(self))
-        cfg.patch_size = cfg.patch_size or spec.patch_size
+        cfg.patch_size = spec.patch_size if cfg.patch_size is None else cfg.patch_size
+        if cfg.patch_size < 1 or cfg.patch_size % 2 == 0:
+            raise ValueError(
+                f"--patch-size {cfg.patch_size} must be a positive odd number, e.g. 25"
+            )
         cfg.pca = spec.pca if cfg.pca is None else (cfg.pca or None)
         for name in ("epochs", "batch_size"):
             if getattr(cfg, name) < 1:
@@ -113,6 +117,15 @@ def build_workload(cfg: TrainConfig, scene: Scene | None = None) -> Workload:
     scene = scene or get_scene(cfg.scene, cfg.data_dir, download=cfg.download)
     if cfg.split_file:
         split = load_split(cfg.split_file, scene.gt)
+        # A disjoint split keeps train and test apart by half *its* patch; a bigger patch
+        # would let training patches cover test pixels again.
+        made_for = split.meta.get("patch_size")
+        if split.meta.get("kind") == "disjoint" and made_for and cfg.patch_size > made_for:
+            raise ValueError(
+                f"--split-file {cfg.split_file}: this disjoint split was made for patch "
+                f"{made_for}, but --patch-size is {cfg.patch_size}, so training patches would "
+                f"overlap test pixels; use --patch-size {made_for} or less, or make a new split"
+            )
     else:
         split = make_split(
             cfg.split,

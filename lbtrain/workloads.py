@@ -206,7 +206,13 @@ def get_workload(spec: str) -> Workload:
     if factory is None:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             if ep.name == spec:
-                factory = ep.load()
+                try:
+                    factory = ep.load()
+                except Exception as exc:  # a broken plug-in package: name it, not a traceback
+                    raise ValueError(
+                        f"--workload {spec!r}: entry point {ep.value!r} failed to load ({exc}); "
+                        "fix or reinstall the package that provides it"
+                    ) from exc
                 break
     if factory is None and ":" in spec:
         module_name, _, attribute = spec.partition(":")

@@ -8,6 +8,7 @@ from lbtrain.balancer import POLICIES
 from lbtrain.cli.common import (
     add_profiling_arguments,
     agree,
+    check_writable,
     load_profiles_collective,
     positive_int,
     run_profiling,
@@ -82,8 +83,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Load or measure the profiles, then print (and optionally plot) the report on rank 0."""
+    # Only rank 0 writes, so a node without matplotlib elsewhere must not fail the job.
     if args.plot:
-        agree(comm, require_matplotlib)
+        agree(comm, lambda: comm.rank != 0 or require_matplotlib())
+        agree(comm, lambda: comm.rank != 0 or check_writable(args.plot, "--plot"))
+    if args.save_profiles and not args.profiles:
+        agree(comm, lambda: comm.rank != 0 or check_writable(args.save_profiles, "--save-profiles"))
     if args.profiles:
         profiles = load_profiles_collective(comm, args.profiles)
     else:

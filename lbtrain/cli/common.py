@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from lbtrain.comm import Communicator
@@ -17,6 +19,7 @@ __all__ = [
     "CollectiveError",
     "add_profiling_arguments",
     "agree",
+    "check_writable",
     "load_profiles_collective",
     "positive_float",
     "positive_int",
@@ -65,26 +68,42 @@ def agree(comm: Communicator, check: Callable[[], T]) -> T:
     return value  # type: ignore[return-value]
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1."""
+def check_writable(path: str, option: str) -> None:
+    """Fail now, before minutes of profiling, if the output file could not be written later.
+
+    Args:
+        path: the file rank 0 will write.
+        option: the flag that named it, for the message.
+    """
+    folder = Path(path).expanduser().resolve().parent
+    if not folder.is_dir():
+        raise ValueError(
+            f"{option} {path!r}: folder {str(folder)!r} does not exist; create it first"
+        )
+    if not os.access(folder, os.W_OK):
+        raise ValueError(
+            f"{option} {path!r}: folder {str(folder)!r} is not writable; choose another"
+        )
+
+
+def _int_at_least(text: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    return _int_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: a whole number >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+    return _int_at_least(text, 0)
 
 
 def positive_float(text: str) -> float:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from lbtrain.cli.common import add_profiling_arguments, run_profiling, show_defaults
+from lbtrain.cli.common import (
+    add_profiling_arguments,
+    agree,
+    check_writable,
+    run_profiling,
+    show_defaults,
+)
 from lbtrain.comm import Communicator
 from lbtrain.profiling import ReplicaProfile, save_profiles
 
@@ -58,6 +64,7 @@ def format_profiles(profiles: list[ReplicaProfile]) -> str:
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Profile all ranks and write the file on rank 0."""
+    agree(comm, lambda: comm.rank != 0 or check_writable(args.output, "--output"))
     profiles = run_profiling(args, comm)
     if comm.rank == 0:
         path = save_profiles(args.output, profiles)

@@ -155,7 +155,7 @@ def test_user_errors_exit_with_a_one_line_message(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--patch-size", "4"], "patch_size=4 must be a positive odd number"),
+        (["--patch-size", "4"], "--patch-size 4 must be a positive odd number"),
         (["--pca", "500"], "pca_components=500 is out of range"),
         (["--threads", "0"], "threads=0 must be >= 1"),
         (["--split", "fixed"], "split 'fixed' needs per_class (--train-per-class)"),

@@ -168,6 +168,26 @@ def test_bad_profiling_options_fail_before_profiling(argv, needles, capsys, tmp_
     assert not output.exists()
 
 
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["profile", "-o", "{missing}/p.json"], ("--output", "does not exist")),
+        (["balance-report", "--save-profiles", "{missing}/p.json"], ("--save-profiles",)),
+        (["balance-report", "--plot", "{missing}/r.png"], ("--plot", "does not exist")),
+    ],
+)
+def test_unwritable_outputs_fail_before_profiling(argv, needles, capsys, monkeypatch, tmp_path):
+    import lbtrain.cli.common as common
+
+    def must_not_profile(*args, **kwargs):
+        raise AssertionError("profiled although the output cannot be written")
+
+    monkeypatch.setattr(common, "profile_all", must_not_profile)
+    missing = tmp_path / "no-such-folder"
+    code, _, err = run([arg.format(missing=missing) for arg in argv], capsys)
+    _one_line_error(code, err, *needles)
+
+
 def test_cuda_index_beyond_two_gpus(capsys, monkeypatch, tmp_path):
     import torch
 

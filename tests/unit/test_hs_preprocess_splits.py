@@ -184,3 +184,26 @@ def test_load_split_errors_are_one_clear_line(scene, tmp_path):
     path = save_split(split, tmp_path / "s.npz")
     with pytest.raises(ValueError, match="unlabelled pixels; was it written for another scene"):
         load_split(path, other)
+
+
+def test_damaged_or_inconsistent_split_files_are_one_clear_line(scene, tmp_path):
+    split = random_split(scene.gt, 0.2, seed=0)
+    whole = save_split(split, tmp_path / "whole.npz").read_bytes()
+    (tmp_path / "half.npz").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="cannot read split file"):
+        load_split(tmp_path / "half.npz")
+    shared = type(split)(split.train, np.concatenate([split.test, split.train[:1]]), split.shape)
+    path = save_split(shared, tmp_path / "shared.npz")
+    with pytest.raises(ValueError, match="both train and test"):
+        load_split(path, scene.gt)
+
+
+def test_disjoint_split_file_refuses_a_bigger_patch(scene, tmp_path):
+    from hyperspectral.train import TrainConfig, build_workload
+
+    path = save_split(disjoint_split(scene.gt, 0.3, 3, seed=0), tmp_path / "d.npz")
+    bigger = TrainConfig(model="hamida", patch_size=7, split_file=str(path), epochs=1)
+    with pytest.raises(ValueError, match="made for patch 3.*--patch-size is 7"):
+        build_workload(bigger, scene)
+    same = TrainConfig(model="hamida", patch_size=3, split_file=str(path), epochs=1)
+    assert build_workload(same, scene).patch_size == 3
