@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from lbtrain.comm import Communicator
 from lbtrain.devices import DeviceAssignment, assign_devices
-from lbtrain.emulation import Slowdown, parse_slowdowns
+from lbtrain.emulation import Slowdown, slowdown_for_rank
 from lbtrain.profiling import ProfileConfig, ReplicaProfile, load_profiles, profile_all
 from lbtrain.workloads import DEFAULT_WORKLOAD, Workload, available_workloads, get_workload
 
@@ -240,9 +240,9 @@ def prepare_replica(
     """Validate the profiling options on every rank and pick this rank's device; collective."""
 
     def check() -> tuple[Slowdown, Workload, ProfileConfig]:
-        factors = parse_slowdowns(args.emulate_slowdown, comm.size)
+        slowdown = slowdown_for_rank(args.emulate_slowdown, comm.rank, comm.size)
         config = _profile_config(args, comm.size)
-        return Slowdown(factors[comm.rank]), get_workload(args.workload), config
+        return slowdown, get_workload(args.workload), config
 
     slowdown, workload, config = agree(comm, check)
     assignment = agree(comm, lambda: assign_devices(comm, args.devices, args.threads))
@@ -266,6 +266,8 @@ def run_profiling(args: argparse.Namespace, comm: Communicator) -> list[ReplicaP
         config=config,
         slowdown=slowdown,
         workload=workload.name,
+        host=assignment.host,
+        memory_share=1.0 / assignment.local_size,
     )
 
 

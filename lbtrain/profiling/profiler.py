@@ -498,9 +498,11 @@ def profile_all(
         profile's throughput refers to the largest batch that every rank measured, so a
         rank whose budget ran out lower on the ladder is still compared like for like.
     """
-    layout = node_layout(comm)
-    kwargs.setdefault("memory_share", 1.0 / layout.local_size)
-    kwargs.setdefault("host", layout.host)
+    if "memory_share" not in kwargs or "host" not in kwargs:
+        layout = node_layout(comm)
+        kwargs.setdefault("memory_share", 1.0 / layout.local_size)
+        kwargs.setdefault("host", layout.host)
+    # Start together: ranks sharing a node should be measured while all of them compete.
     comm.barrier()
     profile = profile_replica(model, optimizer, loss_fn, make_batch, rank=comm.rank, **kwargs)
     profiles = [ReplicaProfile.from_dict(entry) for entry in comm.allgather(profile.to_dict())]
