@@ -1,32 +1,47 @@
 """Workloads: what lbtrain profiles and trains, without lbtrain importing the application.
 
 A `Workload` bundles a model factory, the shape of one sample, the number of classes, a loss
-and an optimizer factory. Applications make theirs available in one of three ways, none of
-which needs lbtrain to import them:
+and an optimizer factory; for training it also carries the datasets, an evaluator whose state
+is a summable array, and an optional rank-0 hook for artifacts. Applications make theirs
+available in one of three ways, none of which needs lbtrain to import them:
 
 - call `register_workload("name", factory)` at import time of their own package;
 - declare an entry point in the group "lbtrain.workloads" (``name = "pkg.module:factory"``);
 - or be named on the command line as ``--workload pkg.module:factory``.
 
-A factory is a callable with no required arguments that returns a Workload.
+A factory is either a callable with no required arguments that returns a Workload, or a
+`WorkloadPlugin`: a builder that takes the workload's own options (declared as
+`WorkloadOption`s, which the CLI turns into flags) and an optional `fetch` step that
+downloads data once, on rank 0, before every rank builds.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import nn
+from torch.utils.data import Dataset
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "DEFAULT_WORKLOAD",
+    "ArtifactContext",
+    "ConfusionEvaluator",
+    "Evaluator",
     "Workload",
+    "WorkloadOption",
+    "WorkloadPlugin",
     "available_workloads",
+    "get_plugin",
     "get_workload",
+    "keep_batch",
     "patch_cnn_workload",
     "register_workload",
     "toy_workload",
@@ -42,9 +57,91 @@ def _default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
+class Evaluator(Protocol):
+    """Scores predictions into a state that ranks can sum, then summarises the total.
+
+    The state is a numpy array (a confusion matrix, counts), so a distributed evaluation is
+    one sum-allreduce of it: metrics such as kappa are not averages of per-rank values.
+    """
+
+    headline: tuple[str, ...]
+
+    def new_state(self) -> np.ndarray:
+        """An all-zero state."""
+
+    def update(self, state: np.ndarray, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """Add one batch's (outputs, targets) to `state`, in place."""
+
+    def summarize(self, state: np.ndarray) -> dict[str, Any]:
+        """JSON-ready metrics of a (summed) state; keys in `headline` are shown to the user."""
+
+
+def _accuracy(confusion: np.ndarray) -> dict[str, Any]:
+    total = int(confusion.sum())
+    if total == 0:
+        raise ValueError("no evaluation samples were scored; the evaluation set is empty")
+    return {"accuracy": float(np.trace(confusion) / total), "total": total}
+
+
+class ConfusionEvaluator:
+    """Classification scored by a (K, K) confusion matrix: rows true class, columns predicted.
+
+    Args:
+        num_classes: K.
+        summarize: metrics of a summed confusion matrix; default overall accuracy.
+        headline: metric names to print at the end of training.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        summarize: Callable[[np.ndarray], dict[str, Any]] | None = None,
+        headline: tuple[str, ...] = ("accuracy",),
+    ) -> None:
+        if num_classes < 2:
+            raise ValueError(f"num_classes={num_classes} must be >= 2")
+        self.num_classes = num_classes
+        self._summarize = summarize or _accuracy
+        self.headline = headline
+
+    def new_state(self) -> np.ndarray:
+        """A zero (K, K) int64 matrix."""
+        return np.zeros((self.num_classes, self.num_classes), dtype=np.int64)
+
+    def update(self, state: np.ndarray, outputs: torch.Tensor, targets: torch.Tensor) -> None:
+        """Count (target, argmax) pairs of one batch into `state`."""
+        k = self.num_classes
+        pred = outputs.argmax(1).to("cpu", torch.int64)
+        true = targets.to("cpu", torch.int64)
+        counts = torch.bincount(true * k + pred, minlength=k * k)
+        state += counts.reshape(k, k).numpy()
+
+    def summarize(self, state: np.ndarray) -> dict[str, Any]:
+        """The metrics of a summed confusion matrix."""
+        return self._summarize(state)
+
+
+@dataclass(frozen=True)
+class ArtifactContext:
+    """What a workload's rank-0 artifact hook receives after the final evaluation.
+
+    Args:
+        out_dir: the run's output folder (exists).
+        metrics: the final metrics from the evaluator's `summarize`.
+        predictions: the model's class for every item of the workload's `predict_set`, in
+            order (None when the workload has no predict_set).
+        title: a short line naming the run, for figure titles.
+    """
+
+    out_dir: Path
+    metrics: Mapping[str, Any]
+    predictions: np.ndarray | None
+    title: str = ""
+
+
 @dataclass(frozen=True)
 class Workload:
-    """A model to train and how to make synthetic batches for it.
+    """A model to train, how to make synthetic batches for it, and (to train) its data.
 
     Args:
         name: short name shown in profiles and reports.
@@ -52,8 +149,23 @@ class Workload:
         sample_shape: shape of one input sample, without the batch dimension.
         num_classes: number of target classes; targets are integer class indices.
         loss_fn: loss on (outputs, targets), reduced by mean.
-        build_optimizer: optimizer factory taking the model's parameters.
+        build_optimizer: optimizer factory taking the model's parameters (used by the
+            profile verbs; the trainer builds the optimizer its options ask for).
         input_dtype: dtype of synthetic inputs.
+        train_set: map-style training dataset, identical on every rank (needed to train).
+        eval_set: map-style evaluation dataset, identical on every rank.
+        evaluator: scores eval_set; default a ConfusionEvaluator with overall accuracy.
+        predict_set: optional dataset predicted as a whole for artifacts (a scene's every
+            pixel); its targets are ignored.
+        predict_unit: predict_set is cut between ranks at multiples of this many items (a
+            scene row, so each rank predicts whole horizontal strips).
+        collate_fn: collate function for the loaders; a dataset with a vectorised
+            `__getitems__` that returns a whole batch passes `keep_batch`.
+        artifacts: rank-0 hook called once after the final evaluation; returns the paths
+            it wrote.
+        signature: what identifies the trained model and data (dataset, model, sizes); a
+            checkpoint whose signature differs is refused on resume.
+        description: one line about the data, printed at the start of training.
     """
 
     name: str
@@ -65,6 +177,19 @@ class Workload:
         default=_default_optimizer
     )
     input_dtype: torch.dtype = torch.float32
+    train_set: Dataset | None = None
+    eval_set: Dataset | None = None
+    evaluator: Evaluator | None = None
+    predict_set: Dataset | None = None
+    predict_unit: int = 1
+    collate_fn: Callable[[Any], Any] | None = None
+    artifacts: Callable[[ArtifactContext], list[Path]] | None = None
+    signature: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""
+
+    def get_evaluator(self) -> Evaluator:
+        """The workload's evaluator, or overall accuracy over num_classes."""
+        return self.evaluator or ConfusionEvaluator(self.num_classes)
 
     def make_batch(
         self, batch_size: int, device: torch.device | str
@@ -76,6 +201,97 @@ class Workload:
         inputs = torch.randn(batch_size, *self.sample_shape, dtype=self.input_dtype)
         targets = torch.randint(0, self.num_classes, (batch_size,))
         return inputs.to(device), targets.to(device)
+
+
+def keep_batch(batch: Any) -> Any:
+    """Collate function for datasets whose `__getitems__` already returns a whole batch."""
+    return batch
+
+
+_NO_DEFAULT = object()
+
+
+@dataclass(frozen=True)
+class WorkloadOption:
+    """One option of a workload, in the library's terms; the CLI shows it as --name-with-dashes.
+
+    Args:
+        name: a Python identifier, e.g. "patch_size" (the flag is --patch-size).
+        default: the value when the option is not given (None: the workload decides).
+        help: one sentence for --help.
+        type: converts a command-line string (or a TOML value) to the option's value;
+            `bool` makes an on/off flag pair (--name / --no-name).
+        choices: allowed values, if the option is an enumeration.
+    """
+
+    name: str
+    default: Any
+    help: str
+    type: Callable[[Any], Any] = str
+    choices: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"workload option name {self.name!r} must be a Python identifier")
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag."""
+        return "--" + self.name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class WorkloadPlugin:
+    """A workload with options of its own, as an entry point or registry value provides it.
+
+    Args:
+        build: `build(seed=..., **options)` returns the Workload; called on every rank, it
+            must build identical datasets (and model initialisation) from the same seed.
+        options: the options `build` accepts, with their defaults.
+        fetch: `fetch(**options)` downloads or caches what `build` reads; the trainer calls
+            it on rank 0 alone before any rank builds, so N ranks never download into one
+            cache at once.
+        description: one line for --help.
+    """
+
+    build: Callable[..., Workload]
+    options: tuple[WorkloadOption, ...] = ()
+    fetch: Callable[..., None] | None = None
+    description: str = ""
+
+    def defaults(self) -> dict[str, Any]:
+        """Every option's default."""
+        return {option.name: option.default for option in self.options}
+
+    def resolve_options(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Defaults overridden by `given`; an unknown name is a ValueError naming the valid ones."""
+        known = self.defaults()
+        for name in given or {}:
+            if name not in known:
+                valid = ", ".join(sorted(known)) or "none"
+                raise ValueError(
+                    f"workload option {name!r} is unknown; this workload's options are: {valid}"
+                )
+        return {**known, **(given or {})}
+
+    def make(self, seed: int = 0, options: Mapping[str, Any] | None = None) -> Workload:
+        """Build the workload with `options` over the defaults."""
+        workload = self.build(seed=seed, **self.resolve_options(options))
+        if not isinstance(workload, Workload):
+            raise ValueError(
+                f"the workload plug-in returned {type(workload).__name__}, not an "
+                "lbtrain.workloads.Workload"
+            )
+        return workload
+
+
+def _plain(factory: Callable[[], Workload]) -> WorkloadPlugin:
+    """Wrap a no-argument factory, which has no options and ignores the seed."""
+
+    def build(seed: int = 0) -> Workload:
+        return factory()
+
+    return WorkloadPlugin(build=build)
 
 
 class _ToyMLP(nn.Module):
@@ -168,18 +384,19 @@ def patch_cnn_workload(
 
 # Registry of in-process factories; it holds code, not rank state, so a module-level dict
 # is fine here (like torch's backend registries).
-_REGISTRY: dict[str, Callable[[], Workload]] = {
+_REGISTRY: dict[str, Callable[[], Workload] | WorkloadPlugin] = {
     "patch-cnn": patch_cnn_workload,
     "toy": toy_workload,
 }
 
 
-def register_workload(name: str, factory: Callable[[], Workload]) -> None:
+def register_workload(name: str, factory: Callable[[], Workload] | WorkloadPlugin) -> None:
     """Make `factory` selectable as `--workload name`.
 
     Args:
         name: the name; must not contain ':' (that form means module:function).
-        factory: callable with no required arguments returning a Workload.
+        factory: callable with no required arguments returning a Workload, or a
+            WorkloadPlugin.
     """
     if not name or ":" in name:
         raise ValueError(f"workload name {name!r} is invalid: use a non-empty name without ':'")
@@ -193,16 +410,15 @@ def available_workloads() -> list[str]:
     return sorted(names)
 
 
-def get_workload(spec: str) -> Workload:
-    """Resolve `--workload`: a registered name, an entry-point name, or "module:function".
+def get_plugin(spec: str) -> WorkloadPlugin:
+    """Resolve `--workload` to its plug-in: a registered name, an entry point, or "module:function".
+
+    A plain factory becomes a plug-in without options.
 
     Args:
         spec: the workload specification.
-
-    Returns:
-        The Workload built by the factory.
     """
-    factory: Callable[[], Workload] | None = _REGISTRY.get(spec)
+    factory: Any = _REGISTRY.get(spec)
     if factory is None:
         for ep in entry_points(group=ENTRY_POINT_GROUP):
             if ep.name == spec:
@@ -229,10 +445,30 @@ def get_workload(spec: str) -> Workload:
             f"--workload {spec!r} is unknown; choose one of {available_workloads()} or give "
             "'package.module:function' returning an lbtrain.workloads.Workload"
         )
-    workload = factory()
-    if not isinstance(workload, Workload):
+    if isinstance(factory, WorkloadPlugin):
+        return factory
+    if not callable(factory):
         raise ValueError(
-            f"--workload {spec!r}: the factory returned {type(workload).__name__}, not an "
-            "lbtrain.workloads.Workload"
+            f"--workload {spec!r} names a {type(factory).__name__}, not a function or an "
+            "lbtrain.workloads.WorkloadPlugin"
         )
-    return workload
+    return _plain(factory)
+
+
+def get_workload(spec: str, seed: int = 0, options: Mapping[str, Any] | None = None) -> Workload:
+    """Resolve `--workload` and build it with its default options (or `options`).
+
+    Args:
+        spec: the workload specification.
+        seed: seed of the workload's data and model (plug-ins with options use it).
+        options: values of the workload's own options, over their defaults.
+
+    Returns:
+        The Workload built by the factory.
+    """
+    try:
+        return get_plugin(spec).make(seed, options)
+    except ValueError as exc:
+        if str(exc).startswith("--workload"):
+            raise
+        raise ValueError(f"--workload {spec!r}: {exc}") from exc

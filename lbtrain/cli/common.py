@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from lbtrain.comm import Communicator
-from lbtrain.devices import DeviceAssignment, assign_devices
-from lbtrain.emulation import Slowdown, slowdown_for_rank
-from lbtrain.profiling import ProfileConfig, ReplicaProfile, load_profiles, profile_all
-from lbtrain.workloads import DEFAULT_WORKLOAD, Workload, available_workloads, get_workload
+from lbtrain.profiling import ProfileConfig, ReplicaProfile
+from lbtrain.session import (
+    USER_ERRORS,
+    CollectiveError,
+    agree,
+    build_workload,
+    load_profiles_collective,
+    profile_workload,
+    setup_replica,
+)
+from lbtrain.workloads import DEFAULT_WORKLOAD, available_workloads
 
 __all__ = [
+    "USER_ERRORS",
     "CLIError",
     "CollectiveError",
     "add_profiling_arguments",
@@ -27,45 +33,9 @@ __all__ = [
     "show_defaults",
 ]
 
-T = TypeVar("T")
-
-# Errors a check may raise for bad user input or an unusable environment.
-USER_ERRORS = (ValueError, RuntimeError, OSError)
-
 
 class CLIError(Exception):
     """A user error on this rank: printed as one line, then the job is aborted."""
-
-
-class CollectiveError(CLIError):
-    """A user error that every rank knows about: rank 0 prints it and all ranks exit."""
-
-
-def agree(comm: Communicator, check: Callable[[], T]) -> T:
-    """Run `check` on every rank and fail on all ranks together if it failed on any.
-
-    Collective. A per-rank problem (say cuda:3 on one node) would otherwise leave the other
-    ranks waiting forever in their next collective call.
-
-    Args:
-        comm: the job's communicator.
-        check: validation to run; raises ValueError, RuntimeError or OSError on bad input.
-
-    Returns:
-        What `check` returned on this rank.
-    """
-    try:
-        value, error = check(), None
-    except USER_ERRORS as exc:
-        value, error = None, str(exc)
-    errors = comm.allgather(error)
-    failed = [(rank, message) for rank, message in enumerate(errors) if message is not None]
-    if failed:
-        rank, message = failed[0]
-        if comm.size > 1 and len(failed) < comm.size:
-            message = f"rank {rank}: {message}"
-        raise CollectiveError(message)
-    return value  # type: ignore[return-value]
 
 
 def check_writable(path: str, option: str) -> None:
@@ -234,57 +204,12 @@ def _profile_config(args: argparse.Namespace, world_size: int) -> ProfileConfig:
     )
 
 
-def prepare_replica(
-    args: argparse.Namespace, comm: Communicator
-) -> tuple[DeviceAssignment, Slowdown, Workload, ProfileConfig]:
-    """Validate the profiling options on every rank and pick this rank's device; collective."""
-
-    def check() -> tuple[Slowdown, Workload, ProfileConfig]:
-        slowdown = slowdown_for_rank(args.emulate_slowdown, comm.rank, comm.size)
-        config = _profile_config(args, comm.size)
-        return slowdown, get_workload(args.workload), config
-
-    slowdown, workload, config = agree(comm, check)
-    assignment = agree(comm, lambda: assign_devices(comm, args.devices, args.threads))
-    return assignment, slowdown, workload, config
-
-
 def run_profiling(args: argparse.Namespace, comm: Communicator) -> list[ReplicaProfile]:
     """Profile every rank as the options say and return all profiles; collective."""
-    assignment, slowdown, workload, config = prepare_replica(args, comm)
-    assignment.apply()
-    device = assignment.torch_device
-    model = workload.build_model().to(device)
-    optimizer = workload.build_optimizer(model.parameters())
-    return profile_all(
-        comm,
-        model,
-        optimizer,
-        workload.loss_fn,
-        workload.make_batch,
-        device=device,
-        config=config,
-        slowdown=slowdown,
-        workload=workload.name,
-        host=assignment.host,
-        memory_share=1.0 / assignment.local_size,
-    )
-
-
-def load_profiles_collective(comm: Communicator, path: str) -> list[ReplicaProfile]:
-    """Rank 0 reads a profiles file and every rank gets the profiles, or the same error.
-
-    Under mpiexec the file must describe as many ranks as the job has.
-    """
-    world_size = comm.size if comm.size > 1 else None
-
-    def read() -> list[dict] | None:
-        if comm.rank != 0:
-            return None
-        return [p.to_dict() for p in load_profiles(path, world_size=world_size)]
-
-    entries = comm.bcast(agree(comm, read), root=0)
-    return [ReplicaProfile.from_dict(entry) for entry in entries]
+    config = agree(comm, lambda: _profile_config(args, comm.size))
+    replica = setup_replica(comm, args.devices, args.threads, args.emulate_slowdown)
+    workload = build_workload(comm, args.workload, seed=args.seed)
+    return profile_workload(comm, replica, workload, config)
 
 
 def show_defaults(parser: argparse.ArgumentParser) -> None:

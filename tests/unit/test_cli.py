@@ -177,12 +177,12 @@ def test_bad_profiling_options_fail_before_profiling(argv, needles, capsys, tmp_
     ],
 )
 def test_unwritable_outputs_fail_before_profiling(argv, needles, capsys, monkeypatch, tmp_path):
-    import lbtrain.cli.common as common
+    import lbtrain.session as session
 
     def must_not_profile(*args, **kwargs):
         raise AssertionError("profiled although the output cannot be written")
 
-    monkeypatch.setattr(common, "profile_all", must_not_profile)
+    monkeypatch.setattr(session, "profile_all", must_not_profile)
     missing = tmp_path / "no-such-folder"
     code, _, err = run([arg.format(missing=missing) for arg in argv], capsys)
     _one_line_error(code, err, *needles)

@@ -1,0 +1,186 @@
+"""What every job does before its real work: agree on checks, place ranks, build, profile.
+
+The trainer and the `profile` / `balance-report` verbs share this orchestration, so it lives
+in the library, not in `lbtrain/cli/`. Errors name the library's parameters; the CLI turns
+them into flag names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from lbtrain.comm import Communicator
+from lbtrain.devices import DeviceAssignment, assign_devices
+from lbtrain.emulation import Slowdown, slowdown_for_rank
+from lbtrain.profiling import ProfileConfig, ReplicaProfile, load_profiles, profile_all
+from lbtrain.workloads import Workload, get_plugin
+
+__all__ = [
+    "USER_ERRORS",
+    "CollectiveError",
+    "Replica",
+    "agree",
+    "build_workload",
+    "load_profiles_collective",
+    "profile_workload",
+    "setup_replica",
+]
+
+T = TypeVar("T")
+
+# Errors a check may raise for bad user input or an unusable environment.
+USER_ERRORS = (ValueError, RuntimeError, OSError)
+
+
+class CollectiveError(Exception):
+    """A user error that every rank knows about: rank 0 reports it and all ranks stop."""
+
+
+def agree(comm: Communicator, check: Callable[[], T]) -> T:
+    """Run `check` on every rank and fail on all ranks together if it failed on any.
+
+    Collective. A per-rank problem (say cuda:3 on one node) would otherwise leave the other
+    ranks waiting forever in their next collective call.
+
+    Args:
+        comm: the job's communicator.
+        check: validation to run; raises ValueError, RuntimeError or OSError on bad input.
+
+    Returns:
+        What `check` returned on this rank.
+
+    Raises:
+        CollectiveError: on every rank, with the first failing rank's message.
+    """
+    try:
+        value, error = check(), None
+    except USER_ERRORS as exc:
+        value, error = None, " ".join(str(exc).split())
+    errors = comm.allgather(error)
+    failed = [(rank, message) for rank, message in enumerate(errors) if message is not None]
+    if failed:
+        rank, message = failed[0]
+        if comm.size > 1 and len(failed) < comm.size:
+            message = f"rank {rank}: {message}"
+        raise CollectiveError(message)
+    return value  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Replica:
+    """Where and how this rank computes.
+
+    Args:
+        assignment: device, threads and node position.
+        slowdown: the emulated slowdown applied after every compute step.
+    """
+
+    assignment: DeviceAssignment
+
+    slowdown: Slowdown
+
+    @property
+    def device(self) -> torch.device:
+        """This rank's torch device."""
+        return self.assignment.torch_device
+
+
+def setup_replica(
+    comm: Communicator,
+    devices: str = "auto",
+    threads: int | None = None,
+    slowdown: str | Iterable[float] | None = None,
+) -> Replica:
+    """Pick and apply this rank's device, threads and emulated slowdown; collective.
+
+    Args:
+        comm: the job's communicator.
+        devices: "auto", one entry for all ranks, or one per rank ("cpu,cuda:0").
+        threads: CPU threads per rank; default the node's cores over its ranks.
+        slowdown: emulated slowdown factors, "1,2,4" or a sequence, or None.
+    """
+    factors = slowdown if slowdown is None or isinstance(slowdown, str) else list(slowdown)
+    emulated = agree(comm, lambda: slowdown_for_rank(factors, comm.rank, comm.size))
+    assignment = agree(comm, lambda: assign_devices(comm, devices, threads))
+    assignment.apply()
+    return Replica(assignment, emulated)
+
+
+def build_workload(
+    comm: Communicator,
+    spec: str,
+    seed: int = 0,
+    options: Mapping[str, Any] | None = None,
+) -> Workload:
+    """Resolve, fetch (rank 0 alone, others wait) and build the workload on every rank.
+
+    Collective. Rank 0 runs the plug-in's `fetch` first, so a download happens once, not
+    once per rank into the same cache; then every rank builds from the same seed.
+
+    Args:
+        comm: the job's communicator.
+        spec: the workload name, entry point or "module:function".
+        seed: seed of the workload's data split and model initialisation.
+        options: the workload's own options, over their defaults.
+    """
+    plugin = agree(comm, lambda: get_plugin(spec))
+    resolved = agree(comm, lambda: plugin.resolve_options(options))
+    if plugin.fetch is not None:
+        agree(comm, lambda: comm.rank != 0 or plugin.fetch(**resolved))
+    return agree(comm, lambda: plugin.make(seed, resolved))
+
+
+def profile_workload(
+    comm: Communicator,
+    replica: Replica,
+    workload: Workload,
+    config: ProfileConfig,
+    build_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+) -> list[ReplicaProfile]:
+    """Profile every rank on the workload's real model and sample shape; collective.
+
+    Args:
+        comm: the job's communicator.
+        replica: this rank's device and slowdown (from `setup_replica`).
+        workload: what to profile.
+        config: ladder, repeats and time budget.
+        build_optimizer: the optimizer training will use (its step is part of the cost);
+            default the workload's.
+    """
+    device = replica.device
+    model = workload.build_model().to(device)
+    optimizer = (build_optimizer or workload.build_optimizer)(model.parameters())
+    return profile_all(
+        comm,
+        model,
+        optimizer,
+        workload.loss_fn,
+        workload.make_batch,
+        device=device,
+        config=config,
+        slowdown=replica.slowdown,
+        workload=workload.name,
+        host=replica.assignment.host,
+        memory_share=1.0 / replica.assignment.local_size,
+    )
+
+
+def load_profiles_collective(comm: Communicator, path: str) -> list[ReplicaProfile]:
+    """Rank 0 reads a profiles file and every rank gets the profiles, or the same error.
+
+    Under mpiexec the file must describe as many ranks as the job has.
+    """
+    world_size = comm.size if comm.size > 1 else None
+
+    def read() -> list[dict] | None:
+        if comm.rank != 0:
+            return None
+        return [p.to_dict() for p in load_profiles(path, world_size=world_size)]
+
+    entries = comm.bcast(agree(comm, read), root=0)
+    return [ReplicaProfile.from_dict(entry) for entry in entries]
