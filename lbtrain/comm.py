@@ -45,6 +45,9 @@ class Communicator(Protocol):
     def allreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> None:
         """Sum `buffer` over all ranks, in place. CPU or CUDA tensors, or numpy arrays."""
 
+    def broadcast_(self, buffer: torch.Tensor | np.ndarray, root: int = 0) -> None:
+        """Overwrite `buffer` on every rank with `root`'s, in place."""
+
     def allgather(self, obj: Any) -> list[Any]:
         """Gather one small picklable object from each rank, in rank order, on every rank."""
 
@@ -66,6 +69,10 @@ class SingleProcessCommunicator:
 
     def allreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> None:
         """The sum over one rank is the buffer itself."""
+
+    def broadcast_(self, buffer: torch.Tensor | np.ndarray, root: int = 0) -> None:
+        """The root is this rank: nothing to copy."""
+        self.bcast(None, root)
 
     def allgather(self, obj: Any) -> list[Any]:
         """A list holding this rank's object."""
@@ -129,6 +136,22 @@ class MPICommunicator:
         self._comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.SUM)
         buffer.view(-1).copy_(host, non_blocking=False)
 
+    def broadcast_(self, buffer: torch.Tensor | np.ndarray, root: int = 0) -> None:
+        """Overwrite `buffer` with `root`'s, in place (CUDA tensors through pinned memory)."""
+        self.bcast(None, root)  # checks root, and costs one tiny message at start-up only
+        if isinstance(buffer, np.ndarray):
+            self._comm.Bcast(_contiguous(buffer), root=root)
+            return
+        if not buffer.is_contiguous():
+            raise ValueError("broadcast_ needs a contiguous tensor; call .contiguous() first")
+        if buffer.device.type == "cpu":
+            self._comm.Bcast(buffer.numpy(), root=root)
+            return
+        host = self._host_buffer(buffer)
+        host.copy_(buffer.view(-1))
+        self._comm.Bcast(host.numpy(), root=root)
+        buffer.view(-1).copy_(host, non_blocking=False)
+
     def allgather(self, obj: Any) -> list[Any]:
         """Gather one small object per rank, in rank order."""
         return self._comm.allgather(obj)
@@ -162,7 +185,7 @@ class MPICommunicator:
 
 def _contiguous(array: np.ndarray) -> np.ndarray:
     if not array.flags.c_contiguous:
-        raise ValueError("allreduce_sum_ needs a C-contiguous numpy array")
+        raise ValueError("collective buffers must be C-contiguous numpy arrays")
     return array
 
 

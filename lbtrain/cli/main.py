@@ -10,13 +10,14 @@ import traceback
 from collections.abc import Sequence
 
 import lbtrain
-from lbtrain.cli import balance_report, env, profile
+from lbtrain.cli import balance_report, env, profile, train
 from lbtrain.cli.common import USER_ERRORS, CLIError, CollectiveError
 from lbtrain.comm import Communicator, world_communicator
+from lbtrain.trainer.loop import TrainingDiverged
 
 __all__ = ["build_parser", "main"]
 
-VERBS = (profile, balance_report, env)
+VERBS = (train, profile, balance_report, env)
 
 # Rank variables of MPICH/Hydra and Intel MPI, Open MPI, PMIx and Slurm.
 _LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -35,8 +36,13 @@ def _launcher_rank() -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with one subcommand per verb module."""
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with one subcommand per verb module.
+
+    Args:
+        argv: the command line, read ahead for `train --workload` so that the workload's own
+            options are part of the parser (and of `train --help`).
+    """
     parser = argparse.ArgumentParser(
         prog="lbtrain",
         description="Load-balanced synchronous data-parallel training on heterogeneous "
@@ -45,7 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lbtrain {lbtrain.__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     for verb in VERBS:
-        verb.add_parser(subparsers)
+        if verb is train:
+            train.add_parser(subparsers, train.workload_from_argv(list(argv or [])))
+        else:
+            verb.add_parser(subparsers)
     return parser
 
 
@@ -66,7 +75,8 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         The exit status: 0 on success, 2 on a user error. Under MPI, an error on only some
         ranks aborts the whole job, so nothing is left waiting in a collective call.
     """
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     if _launcher_rank() != 0:
         with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
             args = parser.parse_args(argv)
@@ -83,11 +93,22 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
             return 2
     try:
         return int(args.run(args, comm) or 0)
+    except TrainingDiverged as exc:
+        # Every rank saw the same non-finite loss at the same step: a failed run, not a usage
+        # error, so status 1.
+        if comm.rank == 0:
+            _error(exc)
+        return 1
     except CollectiveError as exc:
         # Every rank raised it together, so each can exit normally; one rank reports.
         if comm.rank == 0:
             _error(exc)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C outside training steps (profiling, evaluation): no traceback, status 130.
+        if comm.rank == 0:
+            print("lbtrain: interrupted", file=sys.stderr, flush=True)
+        return 130
     except (CLIError, *USER_ERRORS) as exc:
         _error(exc, comm)
         if comm.size > 1:

@@ -45,3 +45,7 @@ def test_single_process_operations():
     assert comm.bcast(7) == 7
     with pytest.raises(ValueError, match="Invalid root 1"):
         comm.bcast(7, root=1)
+    comm.broadcast_(buffer)
+    assert buffer.tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="Invalid root 2"):
+        comm.broadcast_(buffer, root=2)

@@ -27,6 +27,15 @@ except ValueError as exc:
 else:
     raise AssertionError("a non-contiguous tensor must be refused, not reduced as a copy")
 
+# broadcast_ overwrites every rank's buffer with the root's, tensors and arrays alike.
+root = size - 1
+tensor = torch.full((4,), float(rank), dtype=torch.float32)
+comm.broadcast_(tensor, root=root)
+assert torch.equal(tensor, torch.full((4,), float(root))), tensor
+array = np.arange(3, dtype=np.int64) * (rank + 1)
+comm.broadcast_(array, root=root)
+assert (array == np.arange(3) * size).all(), array
+
 assert comm.allgather({"rank": rank}) == [{"rank": r} for r in range(size)]
 assert comm.bcast("from root" if rank == size - 1 else None, root=size - 1) == "from root"
 comm.barrier()

@@ -1,0 +1,281 @@
+"""`lbtrain train`: profile every rank, plan batches, train with the exact weighted sync.
+
+Settings come in three layers: TrainConfig's defaults, then `--config run.toml`, then the
+flags actually given. Flags are parsed with no defaults of their own (argparse.SUPPRESS), so
+a flag left out never overrides the file. The workload's own options (a plug-in declares
+them as WorkloadOptions) become flags too; `--workload` is read before the parser is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from lbtrain.balancer import POLICIES
+from lbtrain.cli.common import positive_float, positive_int
+from lbtrain.comm import Communicator
+from lbtrain.session import agree
+from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
+from lbtrain.trainer.config import (
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    WEIGHTINGS,
+    TrainConfig,
+    load_toml,
+)
+from lbtrain.workloads import WorkloadOption, WorkloadPlugin, get_plugin
+
+__all__ = ["add_parser", "run", "workload_from_argv"]
+
+DEFAULTS = TrainConfig()
+DEFAULT_TRAIN_WORKLOAD = DEFAULTS.workload
+
+DESCRIPTION = """\
+Train one model on every rank of the job: each rank takes its device, every rank profiles the
+real workload, the balancer gives each a batch matched to its speed, and every step sums the
+gradients weighted by each rank's share of the global batch, so the update is exactly the one
+a single process would make. Then the test set is evaluated across ranks and the outputs go
+to --out. Without a launcher it is a one-process run.
+
+  mpiexec -n 3 lbtrain train --dataset indian_pines --model hybridsn --policy cost
+  lbtrain train --config run.toml --epochs 5        # flags override the file
+  lbtrain train --resume runs/20261123-101500       # continue an interrupted run
+"""
+
+# Settings that only make sense for the run that wrote a checkpoint, not for its sequel.
+_NOT_INHERITED = ("out", "resume", "plan", "profiles")
+
+
+def workload_from_argv(argv: Sequence[str]) -> str:
+    """The --workload a command line asks for (or its --config file does), before parsing."""
+    spec, config = None, None
+    for i, arg in enumerate(argv):
+        for name in ("--workload", "--config"):
+            if arg == name and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+            else:
+                continue
+            if name == "--workload":
+                spec = value
+            else:
+                config = value
+    if spec is None and config is not None:
+        try:
+            spec = load_toml(config).get("workload")
+        except ValueError:
+            pass  # reported properly once the run starts
+    return spec if isinstance(spec, str) else DEFAULT_TRAIN_WORKLOAD
+
+
+def add_parser(
+    subparsers: argparse._SubParsersAction, workload: str = DEFAULT_TRAIN_WORKLOAD
+) -> argparse.ArgumentParser:
+    """Register the `train` verb, with the options of `workload`."""
+    parser = subparsers.add_parser(
+        "train",
+        help="profile, plan and train on every rank, then evaluate",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="TOML file of settings (the config.toml a run writes, for one); flags given on "
+        "the command line override it (default: none)",
+    )
+    basics = parser.add_argument_group("run")
+    _add(basics, "workload", "what to train: a workload name, an entry point of group "
+         "lbtrain.workloads, or package.module:function", metavar="NAME")  # fmt: skip
+    _add(basics, "epochs", "passes over the training set", type=positive_int)
+    _add(basics, "global_batch", "samples per synchronous step, summed over all ranks",
+         type=positive_int)  # fmt: skip
+    _add(basics, "seed", "seed of the data split, the model's initialisation and the shuffling",
+         type=int)  # fmt: skip
+    _add(basics, "out", "output folder (default: a new runs/<date-time>)", metavar="DIR")
+    _add(basics, "resume", "continue from a checkpoint file or a run folder; its settings are the "
+         "defaults, flags override them (default: start afresh)", metavar="PATH")  # fmt: skip
+    _add(basics, "quiet", "print only the final summary (default: progress and report too)",
+         action="store_true")  # fmt: skip
+    _add(basics, "log_every", "also print a line every N steps when output is not a terminal "
+         "(0: one line per epoch)", type=_non_negative)  # fmt: skip
+    plan = parser.add_argument_group("balance")
+    _add(plan, "policy", "how to share the global batch: equal (the unbalanced baseline), "
+         "proportional (to throughput) or cost (alpha-beta model, fixed cost per step "
+         "included)", choices=POLICIES)  # fmt: skip
+    _add(plan, "min_batch", "smallest batch any rank may get", type=positive_int)
+    _add(plan, "profiles", "reuse a profiles JSON from `lbtrain profile` instead of profiling "
+         "(default: profile now)", metavar="FILE")  # fmt: skip
+    _add(plan, "plan", "reuse a plan.json from an earlier run: no profiling, no planning "
+         "(default: plan now)", metavar="FILE")  # fmt: skip
+    _add(plan, "devices", "device per rank: auto (cuda:<local rank> where the node has a GPU "
+         "for the rank, else cpu), one entry for all, or one per rank: cpu,cuda:0")  # fmt: skip
+    _add(plan, "threads", "torch CPU threads per rank (default: the node's cores divided by "
+         "the ranks on that node)", type=positive_int)  # fmt: skip
+    _add(plan, "emulate_slowdown", "testing aid: rank i sleeps (F_i - 1) x each step's compute, "
+         "like a device F_i times slower; one factor >= 1 per rank (default: none)",
+         metavar="F0,F1,...")  # fmt: skip
+    _add(plan, "time_budget", "seconds each rank spends profiling, about", type=positive_float)
+    optim = parser.add_argument_group("optimisation")
+    _add(optim, "optimizer", "optimizer", choices=OPTIMIZERS)
+    _add(optim, "lr", "initial learning rate", type=positive_float)
+    _add(optim, "momentum", "SGD momentum", type=float)
+    _add(optim, "weight_decay", "L2 weight decay", type=float)
+    _add(optim, "lr_schedule", "cosine: decay to 0 over the run; constant; step: x "
+         "--lr-gamma every --lr-step-epochs epochs", choices=LR_SCHEDULES)  # fmt: skip
+    _add(optim, "lr_step_epochs", "period of the step schedule, in epochs", type=positive_int)
+    _add(optim, "lr_gamma", "factor of the step schedule", type=positive_float)
+    _add(optim, "weighting", "gradient weights: share (b_i/B, exact) or uniform (1/P, as DDP "
+         "and Horovod; not exact with unequal batches, for comparison only)",
+         choices=WEIGHTINGS)  # fmt: skip
+    evaluation = parser.add_argument_group("evaluation and checkpoints")
+    _add(evaluation, "eval_every", "evaluate every N epochs (0: only at the end)",
+         type=_non_negative)  # fmt: skip
+    _add(evaluation, "eval_batch", "samples per forward pass when evaluating", type=positive_int)
+    _add(evaluation, "checkpoint_every", "write a checkpoint every N epochs (0: only at the "
+         "end)", type=_non_negative)  # fmt: skip
+    _add(evaluation, "keep", "checkpoints kept, newest first", type=positive_int)
+    _add_workload_options(parser, workload)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _add(group: Any, name: str, text: str, **kwargs: Any) -> None:
+    default = getattr(DEFAULTS, name)
+    if "(default" not in text:
+        text += f" (default: {default})"
+    group.add_argument("--" + name.replace("_", "-"), dest=name, help=text, **kwargs)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+def _add_workload_options(parser: argparse.ArgumentParser, spec: str) -> None:
+    try:
+        plugin = get_plugin(spec)
+    except ValueError:
+        return  # the run reports the bad --workload with its fix
+    if not plugin.options:
+        return
+    title = f"workload {spec!r}" + (f": {plugin.description}" if plugin.description else "")
+    group = parser.add_argument_group(title)
+    for option in plugin.options:
+        shown = "the workload's choice" if option.default is None else option.default
+        text = f"{option.help} (default: {shown})"
+        if option.type is bool:
+            group.add_argument(
+                option.flag, dest=option.name, action=argparse.BooleanOptionalAction, help=text
+            )
+        else:
+            group.add_argument(
+                option.flag,
+                dest=option.name,
+                type=_argparse_type(option),
+                choices=option.choices,
+                help=text,
+                metavar=None if option.choices else option.name.upper(),
+            )
+
+
+def _argparse_type(option: WorkloadOption) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            return option.type(text)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(option.type, "__name__", option.name)
+    return convert
+
+
+def build_config(
+    given: dict[str, Any], plugin: WorkloadPlugin | None, base: dict[str, Any] | None = None
+) -> TrainConfig:
+    """Layer base (a checkpoint's settings), the --config file and the given flags."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    option_names = {o.name for o in plugin.options} if plugin else set()
+    layers: list[dict[str, Any]] = [dict(base or {})]
+    if "config" in given:
+        layers.append(dict(load_toml(given["config"])))
+    layers.append({k: v for k, v in given.items() if k not in ("config", "run")})
+    merged: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    for layer in layers:
+        options.update(layer.pop("workload_options", {}) or {})
+        for key, value in layer.items():
+            if key in option_names and key not in fields:
+                options[key] = value
+            else:
+                merged[key] = value
+    if plugin is not None:
+        by_name = {o.name: o for o in plugin.options}
+        for key, value in list(options.items()):
+            option = by_name.get(key)
+            if option is None:
+                continue  # resolve_options names it with the valid ones
+            if value is not None and option.type is not bool and not isinstance(value, bool):
+                options[key] = option.type(value)
+    merged["workload_options"] = options
+    return TrainConfig.from_dict(merged, source=given.get("config", "settings")).validate()
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+_FIELD_NAMES = sorted((f.name for f in dataclasses.fields(TrainConfig)), key=len, reverse=True)
+
+
+def translate(message: str) -> str:
+    """Turn the library's parameter names in an error message into flag names."""
+    for name in _FIELD_NAMES:
+        message = re.sub(rf"(?<![\w-]){name}=", _flag(name) + " ", message)
+        message = re.sub(rf"(?<![\w-]){name} (?=['\"])", _flag(name) + " ", message)
+    message = message.replace("global_batch_size=", "--global-batch ")
+    return message
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> int:
+    """Build the config, then train on every rank."""
+    from lbtrain.session import CollectiveError
+    from lbtrain.trainer import train
+
+    given = vars(args)
+    try:
+        spec = given.get("workload")
+        if spec is None and "config" in given:
+            spec = agree(comm, lambda: load_toml(given["config"])).get("workload")
+        plugin = agree(comm, lambda: get_plugin(spec or DEFAULT_TRAIN_WORKLOAD))
+        base = None
+        resume = given.get("resume")
+        if resume is None and "config" in given:
+            resume = agree(comm, lambda: load_toml(given["config"])).get("resume")
+        if resume:
+            base = agree(comm, lambda: _checkpoint_settings(resume, comm.rank))
+            base = comm.bcast(base, root=0)
+        config = agree(comm, lambda: build_config(given, plugin, base))
+        result = train(config, comm)
+    except CollectiveError as exc:
+        raise type(exc)(translate(str(exc))) from None
+    return result.exit_code
+
+
+def _checkpoint_settings(path: str, rank: int) -> dict[str, Any] | None:
+    if rank != 0:
+        return None
+    settings = dict(load_checkpoint(find_checkpoint(path))["config"])
+    for name in _NOT_INHERITED:
+        settings.pop(name, None)
+    return settings

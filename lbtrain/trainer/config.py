@@ -1,0 +1,206 @@
+"""One validated `TrainConfig`: defaults, then a TOML file, then explicit values.
+
+The config speaks the library's parameter names (``global_batch``, ``emulate_slowdown``);
+the CLI maps flags onto them and turns the names back into flags in error messages. The
+effective config is written into the run folder as ``config.toml``, and ``--config`` reads
+such a file back, so a run can be repeated exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from lbtrain.balancer import POLICIES
+
+__all__ = [
+    "LR_SCHEDULES",
+    "OPTIMIZERS",
+    "WEIGHTINGS",
+    "TrainConfig",
+    "load_toml",
+    "save_toml",
+]
+
+OPTIMIZERS = ("adam", "sgd")
+LR_SCHEDULES = ("cosine", "constant", "step")
+# "share" is lbtrain's exact b_i / B; "uniform" is DDP's and Horovod's 1 / P, kept only to
+# compare against (it over-weights the ranks with small batches).
+WEIGHTINGS = ("share", "uniform")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs, in the library's own parameter names.
+
+    Args:
+        workload: workload name, entry point or "module:function".
+        workload_options: values of the workload's own options.
+        epochs: passes over the training set.
+        global_batch: B, samples per synchronous step summed over all ranks.
+        policy: "equal", "proportional" or "cost".
+        min_batch: smallest batch a rank may be given.
+        optimizer: "adam" or "sgd".
+        lr: initial learning rate.
+        momentum: SGD momentum.
+        weight_decay: L2 penalty of the optimizer.
+        lr_schedule: "cosine" (decay to 0 over the run), "constant" or "step".
+        lr_step_epochs: with "step", multiply the rate by lr_gamma every this many epochs.
+        lr_gamma: the step schedule's factor.
+        seed: seed of the data split, the model's initialisation and the shuffling.
+        devices: "auto", one device for all ranks, or one per rank.
+        threads: CPU threads per rank (None: the node's cores over its ranks).
+        emulate_slowdown: testing aid, one factor per rank ("1,2,4") or None.
+        time_budget: seconds of profiling per rank.
+        profiles: reuse a profiles file instead of profiling.
+        plan: reuse a plan file instead of profiling and planning.
+        eval_every: evaluate every this many epochs (0: only at the end).
+        eval_batch: samples per forward pass when evaluating.
+        checkpoint_every: write a checkpoint every this many epochs (0: only at the end).
+        keep: checkpoints kept (the newest).
+        out: output folder (None: a fresh runs/<date-time>).
+        resume: a checkpoint file or a run folder to continue.
+        weighting: "share" (exact) or "uniform" (DDP's 1/P, to compare).
+        quiet: print only the final summary.
+        log_every: also print a line every this many steps (0: one per epoch).
+    """
+
+    workload: str = "hyperspectral"
+    workload_options: dict[str, Any] = field(default_factory=dict)
+    epochs: int = 60
+    global_batch: int = 64
+    policy: str = "cost"
+    min_batch: int = 1
+    optimizer: str = "adam"
+    lr: float = 1e-3
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    lr_schedule: str = "cosine"
+    lr_step_epochs: int = 30
+    lr_gamma: float = 0.1
+    seed: int = 0
+    devices: str = "auto"
+    threads: int | None = None
+    emulate_slowdown: str | None = None
+    time_budget: float = 10.0
+    profiles: str | None = None
+    plan: str | None = None
+    eval_every: int = 0
+    eval_batch: int = 256
+    checkpoint_every: int = 1
+    keep: int = 2
+    out: str | None = None
+    resume: str | None = None
+    weighting: str = "share"
+    quiet: bool = False
+    log_every: int = 0
+
+    def validate(self) -> TrainConfig:
+        """Check every value; raise one ValueError naming the parameter, value and fix."""
+        _whole(self, "epochs", 1)
+        _whole(self, "global_batch", 1)
+        _whole(self, "min_batch", 1)
+        _whole(self, "lr_step_epochs", 1)
+        _whole(self, "eval_every", 0)
+        _whole(self, "eval_batch", 1)
+        _whole(self, "checkpoint_every", 0)
+        _whole(self, "keep", 1)
+        _whole(self, "log_every", 0)
+        _whole(self, "seed", None)
+        if self.threads is not None:
+            _whole(self, "threads", 1)
+        _choice(self, "policy", POLICIES)
+        _choice(self, "optimizer", OPTIMIZERS)
+        _choice(self, "lr_schedule", LR_SCHEDULES)
+        _choice(self, "weighting", WEIGHTINGS)
+        _number(self, "lr", low=0.0, open_low=True)
+        _number(self, "momentum", low=0.0, high=1.0, open_high=True)
+        _number(self, "weight_decay", low=0.0)
+        _number(self, "lr_gamma", low=0.0, high=1.0, open_low=True)
+        _number(self, "time_budget", low=0.0, open_low=True)
+        if not isinstance(self.workload_options, dict):
+            raise ValueError(
+                f"workload_options={self.workload_options!r} must be a table of option values"
+            )
+        if self.profiles and self.plan:
+            raise ValueError("profiles and plan are both given; a plan already fixes the batches")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain values (None entries left out, as TOML has no null)."""
+        data = dataclasses.asdict(self)
+        data["workload_options"] = {k: v for k, v in self.workload_options.items() if v is not None}
+        return {k: v for k, v in data.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> TrainConfig:
+        """Build from a mapping; an unknown key is a ValueError naming `source` and the key."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"{source}: unknown setting(s) {', '.join(unknown)}; valid settings are "
+                f"{', '.join(sorted(known))}"
+            )
+        return cls(**dict(data))
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a run's TOML config into a plain dict; one-line errors name the file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ValueError(f"config file {str(path)!r} does not exist; check the path") from None
+    except IsADirectoryError:
+        raise ValueError(f"config file {str(path)!r} is a folder; name a .toml file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+
+
+def save_toml(path: str | Path, config: TrainConfig) -> Path:
+    """Write the effective config as TOML (atomically, as every output of a run)."""
+    from lbtrain.trainer.checkpoint import atomic_write_bytes
+
+    return atomic_write_bytes(path, tomli_w.dumps(config.to_dict()).encode())
+
+
+def _whole(config: TrainConfig, name: str, minimum: int | None) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} must be a whole number")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+
+
+def _choice(config: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(config, name)
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is unknown; choose one of {', '.join(choices)}")
+
+
+def _number(
+    config: TrainConfig,
+    name: str,
+    low: float | None = None,
+    high: float | None = None,
+    open_low: bool = False,
+    open_high: bool = False,
+) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    if low is not None and (value < low or (open_low and value == low)):
+        bound = ">" if open_low else ">="
+        raise ValueError(f"{name}={value} must be {bound} {low:g}")
+    if high is not None and (value > high or (open_high and value == high)):
+        bound = "<" if open_high else "<="
+        raise ValueError(f"{name}={value} must be {bound} {high:g}")

@@ -1,0 +1,466 @@
+"""`train`: one whole run, on every rank — place, build, profile, plan, fit, evaluate, write.
+
+Collective: every rank of the job calls `train` with the same config. Rank 0 alone reads
+checkpoints and writes outputs; everything the other ranks need from those files reaches
+them by broadcast, so no shared file system is assumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lbtrain.balancer import BalancePlan, plan_batches
+from lbtrain.comm import Communicator
+from lbtrain.data import balanced_loader
+from lbtrain.profiling import ProfileConfig, ReplicaProfile, build_report, format_report
+from lbtrain.profiling.record import profiles_to_dict
+from lbtrain.session import (
+    Replica,
+    agree,
+    build_workload,
+    load_profiles_collective,
+    profile_workload,
+    setup_replica,
+)
+from lbtrain.trainer.checkpoint import (
+    CHECKPOINT_DIR,
+    atomic_write_text,
+    find_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from lbtrain.trainer.config import TrainConfig, save_toml
+from lbtrain.trainer.evaluate import evaluate, predict
+from lbtrain.trainer.loop import EpochRecord, FitResult, StopSignal, fit
+from lbtrain.trainer.optim import build_optimizer, build_scheduler
+from lbtrain.trainer.progress import Progress
+from lbtrain.trainer.summary import build_summary, format_summary, rank_totals
+from lbtrain.workloads import ArtifactContext, Workload
+
+__all__ = ["TrainResult", "train"]
+
+# Files a finished or interrupted run leaves; a folder holding any of them is a run folder.
+RUN_FILES = ("metrics.json", "summary.json", "config.toml", "plan.json", CHECKPOINT_DIR)
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: metrics (None if stopped early), where, and its exit status."""
+
+    out_dir: Path
+    metrics: dict[str, Any] | None
+    summary: dict[str, Any] | None
+    exit_code: int = 0
+    checkpoint: Path | None = None
+
+
+def train(config: TrainConfig, comm: Communicator) -> TrainResult:
+    """Run one training job as `config` says; collective.
+
+    Raises:
+        CollectiveError: bad input found on any rank, before the expensive work where it can
+            be checked then; TrainingDiverged when the loss stops being finite.
+    """
+    started = time.perf_counter()
+    agree(comm, config.validate)
+    show = comm.rank == 0 and not config.quiet
+
+    def say(text: str) -> None:
+        if show:
+            print(text, flush=True)
+
+    checkpoint = _root_value(comm, lambda: _read_checkpoint(config.resume))
+    out = Path(_root_value(comm, lambda: _prepare_out(config, checkpoint)))
+    replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown)
+    workload = build_workload(comm, config.workload, config.seed, config.workload_options)
+    agree(comm, lambda: _check_trainable(workload, config, comm.size, checkpoint))
+    say(f"{workload.name}: {workload.description}" if workload.description else workload.name)
+    make_optimizer = functools.partial(
+        build_optimizer,
+        name=config.optimizer,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+    )
+    devices = comm.allgather(
+        {"device": replica.assignment.device, "host": replica.assignment.host,
+         "threads": replica.assignment.threads, "slowdown": replica.slowdown.factor}
+    )  # fmt: skip
+    profile_started = time.perf_counter()
+    plan, profiles = _plan(comm, config, replica, workload, make_optimizer, checkpoint, devices)
+    profile_seconds = time.perf_counter() - profile_started
+    if profiles is not None:
+        say(format_report(build_report(profiles, plan.global_batch_size, plan.policy,
+                                       min_batch=plan.min_batch)))  # fmt: skip
+    else:
+        say(f"plan ({plan.policy}): batches {list(plan.batch_sizes)} of {plan.global_batch_size}")
+
+    device = replica.device
+    torch.manual_seed(config.seed)  # the workload's model initialisation
+    model = workload.build_model()
+    _broadcast_state(model, comm)  # rank 0's weights everywhere, however each rank seeded
+    model.to(device)
+    torch.manual_seed(config.seed + 1 + comm.rank)  # dropout masks differ between ranks
+    optimizer = make_optimizer(model.parameters())
+    loader = balanced_loader(
+        plan, workload.train_set, rank=comm.rank, seed=config.seed,
+        collate_fn=workload.collate_fn,
+    )  # fmt: skip
+    steps_per_epoch = len(loader)
+    scheduler = build_scheduler(
+        optimizer, config.lr_schedule, config.epochs * steps_per_epoch, steps_per_epoch,
+        config.lr_step_epochs, config.lr_gamma,
+    )  # fmt: skip
+    position = (0, 0, 0)
+    history: list[EpochRecord] = []
+    evaluations: list[dict[str, Any]] = []
+    if checkpoint is not None:
+        position = _restore(checkpoint, model, optimizer, scheduler, comm, device)
+        history = [EpochRecord(**r) for r in checkpoint.get("history", [])]
+        evaluations = list(checkpoint.get("evaluations", []))
+        say(f"resumed from {checkpoint['path']} at epoch {position[0] + 1}, step {position[1]}")
+    if comm.rank == 0:
+        save_toml(out / "config.toml", config)
+        atomic_write_text(out / "plan.json", plan.to_json() + "\n")
+        if profiles is not None:
+            atomic_write_text(
+                out / "profiles.json", json.dumps(profiles_to_dict(profiles), indent=2) + "\n"
+            )
+
+    evaluator = workload.get_evaluator()
+
+    def run_eval() -> dict[str, Any]:
+        return evaluate(
+            model, workload.eval_set, evaluator, comm, plan.weights, device=device,
+            batch_size=config.eval_batch, collate_fn=workload.collate_fn,
+        )  # fmt: skip
+
+    def snapshot(epoch: int, step: int, global_step: int) -> Path | None:
+        state = _checkpoint_state(
+            model, optimizer, scheduler, comm, device, epoch, step, global_step, plan,
+            profiles, config, workload, devices, history, evaluations,
+        )  # fmt: skip
+        if comm.rank != 0:
+            return None
+        return save_checkpoint(out / CHECKPOINT_DIR, state, config.keep)
+
+    def after_epoch(record: EpochRecord, global_step: int) -> None:
+        history.append(record)
+        epoch = record.epoch + 1
+        if config.eval_every and epoch % config.eval_every == 0 and epoch < config.epochs:
+            metrics = run_eval()
+            evaluations.append({"epoch": epoch, **_headline(metrics, evaluator.headline)})
+            say("  eval: " + _format_headline(metrics, evaluator.headline))
+        if config.checkpoint_every and epoch % config.checkpoint_every == 0:
+            snapshot(epoch, 0, global_step)
+
+    progress = Progress(show, config.epochs, config.log_every)
+    say(f"training {config.epochs} epochs of {steps_per_epoch} steps on {comm.size} rank(s)")
+    stop = StopSignal()
+    with stop.installed():
+        result: FitResult = fit(
+            model, optimizer, scheduler, loader, comm,
+            loss_fn=workload.loss_fn, device=device, epochs=config.epochs,
+            slowdown=replica.slowdown, start_epoch=position[0], start_step=position[1],
+            global_step=position[2], weighting=config.weighting, progress=progress,
+            stop=stop, after_epoch=after_epoch,
+        )  # fmt: skip
+    if result.stop_code:
+        history.append(result.history[-1])  # the interrupted epoch never reached after_epoch
+        saved = snapshot(result.epoch, result.step, result.global_step)
+        saved = comm.bcast(str(saved) if saved else None, root=0)
+        if comm.rank == 0:
+            print(
+                f"stopped by a signal after epoch {result.epoch}, step {result.step}; "
+                f"checkpoint {saved}; continue with --resume {out}",
+                flush=True,
+            )
+        comm.barrier()
+        return TrainResult(out, None, None, result.stop_code, Path(saved) if saved else None)
+
+    metrics = run_eval()
+    evaluations.append({"epoch": config.epochs, **_headline(metrics, evaluator.headline)})
+    predictions = None
+    if workload.predict_set is not None and workload.artifacts is not None:
+        predictions = predict(
+            model, workload.predict_set, comm, plan.weights, device=device,
+            unit=workload.predict_unit, batch_size=config.eval_batch,
+            collate_fn=workload.collate_fn,
+        )  # fmt: skip
+    # Decided alike on every rank: writing a checkpoint is collective (it gathers RNG states).
+    if not (config.checkpoint_every and config.epochs % config.checkpoint_every == 0):
+        snapshot(config.epochs, 0, result.global_step)
+    final_path = list_checkpoints(out / CHECKPOINT_DIR)[-1] if comm.rank == 0 else None
+    totals = rank_totals(comm, history)
+    summary = build_summary(
+        plan=plan, devices=devices, history=history, evaluations=evaluations, totals=totals,
+        metrics=_headline(metrics, evaluator.headline),
+        wall_seconds=time.perf_counter() - started, profile_seconds=profile_seconds,
+    )  # fmt: skip
+    if comm.rank == 0:
+        written = [out / "metrics.json", out / "summary.json"]
+        atomic_write_text(written[0], json.dumps(metrics, indent=2) + "\n")
+        atomic_write_text(written[1], json.dumps(summary, indent=2) + "\n")
+        if workload.artifacts is not None:
+            title = f"{workload.name}, {comm.size} rank(s), policy {plan.policy}"
+            written += workload.artifacts(ArtifactContext(out, metrics, predictions, title))
+        shown = [str(path) for path in written] + [str(final_path), str(out / "config.toml")]
+        print(format_summary(summary, evaluator.headline, shown), flush=True)
+    comm.barrier()
+    return TrainResult(out, metrics, summary, 0, final_path)
+
+
+def _root_value(comm: Communicator, make: Callable[[], Any]) -> Any:
+    """`make()` on rank 0 (its errors reach every rank), then its value on every rank."""
+    value = agree(comm, lambda: make() if comm.rank == 0 else None)
+    return comm.bcast(value, root=0)
+
+
+def _read_checkpoint(resume: str | None) -> dict[str, Any] | None:
+    if not resume:
+        return None
+    path = find_checkpoint(resume)
+    state = load_checkpoint(path)
+    state["path"] = str(path)
+    return state
+
+
+def _prepare_out(config: TrainConfig, checkpoint: dict[str, Any] | None) -> str:
+    """Decide, check and create the output folder on rank 0, before any expensive work."""
+    resumed_run = Path(checkpoint["path"]).resolve().parent.parent if checkpoint else None
+    if config.out:
+        out = Path(config.out).expanduser()
+    elif resumed_run is not None:
+        out = resumed_run
+    else:
+        out = Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+        suffix = 1
+        while out.exists():  # two runs started within the same second
+            out = out.with_name(f"{out.name.split('.')[0]}.{suffix}")
+            suffix += 1
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out {str(out)!r} is a file, not a folder; name a folder")
+    held = [name for name in RUN_FILES if (out / name).exists()]
+    if held and (resumed_run is None or out.resolve() != resumed_run):
+        raise ValueError(
+            f"out {str(out)!r} already holds a run ({', '.join(held)}); choose a new folder, "
+            f"or continue that run with resume {str(out)!r}"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".lbtrain-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(
+            f"out {str(out)!r} cannot be written ({exc.strerror or exc}); choose a folder you "
+            "can write to"
+        ) from None
+    return str(out)
+
+
+def _check_trainable(
+    workload: Workload, config: TrainConfig, world_size: int, checkpoint: dict[str, Any] | None
+) -> None:
+    if workload.train_set is None or workload.eval_set is None:
+        raise ValueError(
+            f"workload {config.workload!r} has no training or evaluation data, so it can be "
+            "profiled but not trained; give its Workload a train_set and an eval_set"
+        )
+    if config.global_batch < world_size * config.min_batch:
+        raise ValueError(
+            f"global_batch={config.global_batch} is smaller than {world_size} ranks x "
+            f"min_batch={config.min_batch}; raise global_batch to at least "
+            f"{world_size * config.min_batch} or launch fewer ranks"
+        )
+    if len(workload.train_set) < world_size:  # type: ignore[arg-type]
+        raise ValueError(
+            f"the training set has {len(workload.train_set)} samples, fewer than the "  # type: ignore[arg-type]
+            f"{world_size} ranks; use more training data or fewer ranks"
+        )
+    if len(workload.eval_set) == 0:  # type: ignore[arg-type]
+        raise ValueError("the evaluation set is empty; the workload's split left no test data")
+    if checkpoint is not None:
+        theirs, ours = dict(checkpoint.get("signature", {})), dict(workload.signature)
+        if theirs != ours:
+            diff = ", ".join(
+                f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})"
+                for k in sorted(set(theirs) | set(ours))
+                if theirs.get(k) != ours.get(k)
+            )
+            raise ValueError(
+                f"resume {checkpoint['path']!r} was trained on another model or data: {diff}; "
+                "resume with the same workload options, or start a new run"
+            )
+
+
+def _plan(
+    comm: Communicator,
+    config: TrainConfig,
+    replica: Replica,
+    workload: Workload,
+    make_optimizer: Callable[..., torch.optim.Optimizer],
+    checkpoint: dict[str, Any] | None,
+    devices: list[dict[str, Any]],
+) -> tuple[BalancePlan, list[ReplicaProfile] | None]:
+    """The plan: the checkpoint's on the same ranks, a plan file, or profile and plan now."""
+    if checkpoint is not None:
+        same = checkpoint.get("devices") == devices
+        plan = BalancePlan.from_dict(checkpoint["plan"])
+        if same and plan.global_batch_size == config.global_batch:
+            saved = checkpoint.get("profiles")
+            return plan, [ReplicaProfile.from_dict(p) for p in saved] if saved else None
+        if comm.rank == 0 and not config.quiet:
+            print(
+                f"the checkpoint ran on {len(checkpoint.get('devices', []))} rank(s) "
+                f"({_device_list(checkpoint.get('devices', []))}), this job on {comm.size} "
+                f"({_device_list(devices)}): profiling and planning again; the update stays "
+                "exact, it does not depend on how the batch is split",
+                flush=True,
+            )
+    if config.plan:
+        data = _root_value(comm, lambda: _read_plan(config.plan))
+        plan = BalancePlan.from_dict(data)
+        agree(comm, lambda: _check_plan(plan, config, comm.size))
+        return plan, None
+    if config.profiles:
+        profiles = load_profiles_collective(comm, config.profiles)
+    else:
+        reference = max(1, config.global_batch // comm.size)
+        profile_config = agree(
+            comm,
+            lambda: ProfileConfig(
+                min_batch=min(16, reference),
+                max_batch=max(16, 2 * reference),
+                time_budget=config.time_budget,
+                seed=config.seed,
+                reference_batch=reference,
+            ),
+        )
+        profiles = profile_workload(comm, replica, workload, profile_config, make_optimizer)
+    plan = agree(
+        comm,
+        lambda: plan_batches(profiles, config.global_batch, config.policy,
+                             min_batch=config.min_batch),
+    )  # fmt: skip
+    return plan, profiles
+
+
+def _read_plan(path: str) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"plan {path!r} does not exist; check the path") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"plan {path!r} is not a readable plan JSON ({exc})") from None
+
+
+def _check_plan(plan: BalancePlan, config: TrainConfig, world_size: int) -> None:
+    if plan.world_size != world_size:
+        raise ValueError(
+            f"plan {config.plan!r} is for {plan.world_size} ranks but the job has {world_size}; "
+            f"launch {plan.world_size} ranks or plan again"
+        )
+    if plan.global_batch_size != config.global_batch:
+        raise ValueError(
+            f"plan {config.plan!r} shares a global batch of {plan.global_batch_size}, but "
+            f"global_batch={config.global_batch}; set global_batch to "
+            f"{plan.global_batch_size} or plan again"
+        )
+
+
+def _device_list(devices: list[dict[str, Any]]) -> str:
+    return ",".join(str(d.get("device")) for d in devices)
+
+
+def _broadcast_state(model: nn.Module, comm: Communicator) -> None:
+    for tensor in model.state_dict().values():
+        if tensor.is_contiguous():
+            comm.broadcast_(tensor, root=0)
+        else:
+            copy = tensor.contiguous()
+            comm.broadcast_(copy, root=0)
+            tensor.copy_(copy)
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _checkpoint_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    comm: Communicator,
+    device: torch.device,
+    epoch: int,
+    step: int,
+    global_step: int,
+    plan: BalancePlan,
+    profiles: list[ReplicaProfile] | None,
+    config: TrainConfig,
+    workload: Workload,
+    devices: list[dict[str, Any]],
+    history: list[EpochRecord],
+    evaluations: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Everything needed to continue exactly; collective (it gathers every rank's RNG)."""
+    rng = comm.allgather(_rng_state(device))
+    return {
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "epoch": epoch,
+        "step": step,
+        "global_step": global_step,
+        "rng": rng,
+        "plan": plan.to_dict(),
+        "profiles": [p.to_dict() for p in profiles] if profiles else None,
+        "config": config.to_dict(),
+        "signature": dict(workload.signature),
+        "devices": devices,
+        "history": [dataclasses.asdict(r) for r in history],
+        "evaluations": evaluations,
+    }
+
+
+def _restore(
+    checkpoint: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    comm: Communicator,
+    device: torch.device,
+) -> tuple[int, int, int]:
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    scheduler.load_state_dict(checkpoint["scheduler"])
+    rng = checkpoint.get("rng") or []
+    if len(rng) == comm.size:  # same world: each rank continues its own random stream
+        torch.set_rng_state(rng[comm.rank]["cpu"])
+        if device.type == "cuda" and "cuda" in rng[comm.rank]:
+            torch.cuda.set_rng_state(rng[comm.rank]["cuda"], device)
+    return int(checkpoint["epoch"]), int(checkpoint["step"]), int(checkpoint["global_step"])
+
+
+def _headline(metrics: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {name: metrics[name] for name in names if name in metrics}
+
+
+def _format_headline(metrics: dict[str, Any], names: tuple[str, ...]) -> str:
+    return "  ".join(f"{name} {metrics[name]:.4f}" for name in names if name in metrics)

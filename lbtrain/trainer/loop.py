@@ -1,0 +1,234 @@
+"""`fit`: the one training loop in the repository.
+
+Each step, every rank computes the mean loss over its share b_i of the global batch and
+backpropagates; one small allreduce shares the loss, the stop requests and whether any loss
+went non-finite; the gradients, weighted by b_i / B, are sum-allreduced; every rank takes
+the same optimizer step. The update is the one a single process would make on the whole
+global batch.
+
+The small allreduce comes first on purpose: ranks arrive there as their compute ends, so
+its duration is this rank's *waiting* for the slowest, and the gradient sync after it
+measures *communication* alone.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+
+import numpy as np
+import torch
+from torch import nn
+
+from lbtrain.comm import Communicator
+from lbtrain.data import BalancedLoader
+from lbtrain.devices import synchronize
+from lbtrain.emulation import Slowdown
+from lbtrain.gradients import sync_gradients
+from lbtrain.session import CollectiveError
+from lbtrain.trainer.progress import Progress
+
+__all__ = ["EpochRecord", "FitResult", "StopSignal", "TrainingDiverged", "fit"]
+
+# Exit statuses of a run stopped by a signal, as shells report them (128 + signal number).
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class TrainingDiverged(CollectiveError):
+    """The loss became NaN or infinite on some rank; every rank raises it at the same step."""
+
+
+class StopSignal:
+    """Turns SIGINT and SIGTERM into a request to stop after the current step.
+
+    The loop shares the request with every rank in its per-step allreduce, so all ranks
+    stop after the same step, save one checkpoint and exit. A second Ctrl-C interrupts at
+    once, for a user who does not want to wait.
+    """
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and signal.SIGINT in self.signals:
+            raise KeyboardInterrupt
+        self.signals.append(signum)
+
+    @contextmanager
+    def installed(self) -> Iterator[StopSignal]:
+        """Catch the signals while the block runs (main thread only), then restore."""
+        previous = {s: signal.signal(s, self._handle) for s in SIGNAL_EXIT}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+@dataclass
+class EpochRecord:
+    """One epoch as this rank saw it; loss and accuracy are over the whole global batch."""
+
+    epoch: int
+    steps: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0
+    correct: float = 0.0
+    seconds: float = 0.0
+    compute: float = 0.0
+    wait: float = 0.0
+    comm: float = 0.0
+
+    @property
+    def loss(self) -> float:
+        """Mean training loss over the epoch's samples."""
+        return self.loss_sum / max(self.samples, 1)
+
+    @property
+    def accuracy(self) -> float:
+        """Training accuracy over the epoch's samples."""
+        return self.correct / max(self.samples, 1)
+
+
+@dataclass
+class FitResult:
+    """Where training ended: after `epoch` full epochs plus `step` steps of the next."""
+
+    epoch: int
+    step: int
+    global_step: int
+    history: list[EpochRecord] = field(default_factory=list)
+    stop_code: int = 0
+
+
+def fit(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loader: BalancedLoader,
+    comm: Communicator,
+    *,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device: torch.device,
+    epochs: int,
+    slowdown: Slowdown | None = None,
+    start_epoch: int = 0,
+    start_step: int = 0,
+    global_step: int = 0,
+    weighting: str = "share",
+    progress: Progress | None = None,
+    stop: StopSignal | None = None,
+    after_epoch: Callable[[EpochRecord, int], None] | None = None,
+) -> FitResult:
+    """Train from (start_epoch, start_step) to the end of `epochs`; collective.
+
+    Args:
+        model: the model on `device`, identical on every rank.
+        optimizer, scheduler: stepped once per global batch (the scheduler per step).
+        loader: this rank's balanced loader.
+        comm: the job's communicator.
+        loss_fn: mean-reduced loss on (outputs, targets).
+        device: this rank's device.
+        epochs: total epochs of the run.
+        slowdown: emulated slowdown, applied to every compute phase as profiling applies it.
+        start_epoch, start_step: resume position (steps already taken in start_epoch).
+        global_step: optimizer steps taken before start.
+        weighting: "share" multiplies gradients by b_i / B (exact); "uniform" by 1 / P, as
+            DDP does, only to compare.
+        progress: rank-0 display.
+        stop: signal catcher; a caught signal on any rank stops every rank after the step.
+        after_epoch: called on every rank with the epoch's record and the global step
+            (evaluation and checkpoints happen there).
+
+    Raises:
+        TrainingDiverged: on every rank, when any rank's loss is not finite.
+    """
+    slowdown = slowdown or Slowdown(1.0)
+    progress = progress or Progress(False, epochs)
+    cpu_timer = time.process_time if device.type == "cpu" else None
+
+    def sync_device() -> None:
+        synchronize(device)
+
+    history: list[EpochRecord] = []
+    model.train()
+    for epoch in range(start_epoch, epochs):
+        loader.set_epoch(epoch)
+        record = EpochRecord(epoch)
+        first = start_step if epoch == start_epoch else 0
+        progress.start_epoch(epoch, len(loader), first)
+        began = mark = time.perf_counter()
+        for step, (inputs, targets) in enumerate(loader):
+            if step < first:  # resuming mid-epoch: same permutation, skip what was done
+                mark = time.perf_counter()
+                continue
+            weight = loader.weight
+            with slowdown.step(synchronize=sync_device, cpu_timer=cpu_timer):
+                inputs, targets = inputs.to(device), targets.to(device)
+                optimizer.zero_grad(set_to_none=True)
+                outputs = model(inputs)
+                loss = loss_fn(outputs, targets)
+                loss.backward()
+            computed = time.perf_counter()
+            value = float(loss.detach())
+            finite = math.isfinite(value)
+            # [weighted loss, correct, non-finite ranks, SIGINTs, SIGTERMs, samples]
+            control = np.array(
+                [
+                    weight * value if finite else 0.0,
+                    float((outputs.detach().argmax(1) == targets).sum()),
+                    0.0 if finite else 1.0,
+                    float(stop is not None and signal.SIGINT in stop.signals),
+                    float(stop is not None and signal.SIGTERM in stop.signals),
+                    float(len(targets)),
+                ]
+            )
+            comm.allreduce_sum_(control)
+            waited = time.perf_counter()
+            if control[2]:
+                raise TrainingDiverged(
+                    f"the training loss became {value if not finite else 'non-finite'} at "
+                    f"epoch {epoch + 1}, step {step + 1} (on {int(control[2])} rank(s)); "
+                    "lower the learning rate (--lr), or check the data for NaN or infinite "
+                    "values; earlier checkpoints are kept"
+                )
+            sync_gradients(model, weight if weighting == "share" else 1.0 / comm.size, comm)
+            synced = time.perf_counter()
+            with slowdown.step(synchronize=sync_device, cpu_timer=cpu_timer):
+                optimizer.step()
+                scheduler.step()
+            done = time.perf_counter()
+            global_step += 1
+            batch = int(control[5])
+            record.steps += 1
+            record.samples += batch
+            record.loss_sum += control[0] * batch
+            record.correct += control[1]
+            record.compute += (computed - mark) + (done - synced)
+            record.wait += waited - computed
+            record.comm += synced - waited
+            mark = done
+            progress.step(step, record.loss, record.samples / max(done - began, 1e-9))
+            if control[3] or control[4]:
+                record.seconds = time.perf_counter() - began
+                progress.close()
+                history.append(record)
+                code = SIGNAL_EXIT[signal.SIGTERM] if control[4] else SIGNAL_EXIT[signal.SIGINT]
+                if step + 1 == len(loader):
+                    return FitResult(epoch + 1, 0, global_step, history, code)
+                return FitResult(epoch, step + 1, global_step, history, code)
+        record.seconds = time.perf_counter() - began
+        history.append(record)
+        progress.end_epoch(
+            f"epoch {epoch + 1}/{epochs}  loss {record.loss:.4f}  train acc "
+            f"{100 * record.accuracy:6.2f} %  {record.seconds:.1f} s  "
+            f"{record.samples / max(record.seconds, 1e-9):,.0f} samples/s"
+        )
+        if after_epoch is not None:
+            after_epoch(record, global_step)
+    return FitResult(epochs, 0, global_step, history)
