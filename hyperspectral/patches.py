@@ -77,6 +77,16 @@ class PatchDataset(Dataset):
         # clone: callers may augment in place, and the cube is shared by every item.
         return self.padded[:, row : row + p, col : col + p].clone(), self.targets[i]
 
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole batch ``(x, y)`` at ``indices``, as :meth:`batch` gives it.
+
+        torch's DataLoader calls this with a batch sampler's list of indices instead of
+        calling ``__getitem__`` once per patch, so patches are cut in one indexing call.
+        The result is already a batch: load with ``collate_fn=lbtrain.workloads.keep_batch``
+        (any collate that returns its argument), not the default collate.
+        """
+        return self.batch(torch.as_tensor(indices, dtype=torch.int64))
+
     def batch(self, positions: torch.Tensor | np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather items at ``positions`` into a (N, C, P, P) batch with one indexing call."""
         pos = torch.as_tensor(positions, dtype=torch.int64)

@@ -21,9 +21,10 @@ from .datasets import Scene, get_scene
 from .maps import predict_scene, require_matplotlib, save_map
 from .metrics import confusion_matrix, format_table, metrics_from_confusion, write_metrics
 from .models import MODELS, build_model
-from .patches import PatchDataset, pad_cube
-from .preprocess import Preprocessor, fit_preprocessor
-from .splits import Split, load_split, make_split, save_split
+from .patches import PatchDataset
+from .pipeline import prepare, split_scene
+from .preprocess import Preprocessor
+from .splits import Split, save_split
 
 __all__ = [
     "LR_SCHEDULES",
@@ -115,35 +116,20 @@ def build_workload(cfg: TrainConfig, scene: Scene | None = None) -> Workload:
     # The synthetic scene stays the same whatever --seed is, so runs with different seeds
     # (and a saved --split-file) refer to one scene.
     scene = scene or get_scene(cfg.scene, cfg.data_dir, download=cfg.download)
-    if cfg.split_file:
-        split = load_split(cfg.split_file, scene.gt)
-        # A disjoint split keeps train and test apart by half *its* patch; a bigger patch
-        # would let training patches cover test pixels again.
-        made_for = split.meta.get("patch_size")
-        if split.meta.get("kind") == "disjoint" and made_for and cfg.patch_size > made_for:
-            raise ValueError(
-                f"--split-file {cfg.split_file}: this disjoint split was made for patch "
-                f"{made_for}, but --patch-size is {cfg.patch_size}, so training patches would "
-                f"overlap test pixels; use --patch-size {made_for} or less, or make a new split"
-            )
-    else:
-        split = make_split(
-            cfg.split,
-            scene.gt,
-            train_ratio=cfg.train_ratio,
-            per_class=cfg.train_per_class,
-            patch_size=cfg.patch_size,
-            seed=cfg.seed,
-        )
-    prep = fit_preprocessor(scene.cube, split.train, cfg.pca, seed=cfg.seed)
-    padded = pad_cube(prep.transform(scene.cube), cfg.patch_size)
-    width = scene.shape[1]
-    train_set = PatchDataset(padded, split.train, cfg.patch_size, width, scene.gt)
-    test_set = PatchDataset(padded, split.test, cfg.patch_size, width, scene.gt)
+    split = split_scene(
+        scene,
+        cfg.split,
+        train_ratio=cfg.train_ratio,
+        per_class=cfg.train_per_class,
+        split_file=cfg.split_file,
+        patch_size=cfg.patch_size,
+        seed=cfg.seed,
+    )
+    data = prepare(scene, split, cfg.patch_size, cfg.pca, seed=cfg.seed)
     torch.manual_seed(cfg.seed)  # model initialisation depends on it
     model = build_model(
         cfg.model,
-        bands=prep.out_bands,
+        bands=data.bands,
         num_classes=scene.num_classes,
         patch_size=cfg.patch_size,
         dropout=cfg.dropout,
@@ -151,11 +137,11 @@ def build_workload(cfg: TrainConfig, scene: Scene | None = None) -> Workload:
     return Workload(
         scene,
         split,
-        prep,
-        padded,
+        data.preprocessor,
+        data.padded,
         model,
-        train_set,
-        test_set,
+        data.train_set,
+        data.test_set,
         nn.CrossEntropyLoss(),
         cfg.patch_size,
     )

@@ -207,8 +207,8 @@ def fit(
             batch = int(control[5])
             record.steps += 1
             record.samples += batch
-            record.loss_sum += control[0] * batch
-            record.correct += control[1]
+            record.loss_sum += float(control[0]) * batch
+            record.correct += float(control[1])
             record.compute += (computed - mark) + (done - synced)
             record.wait += waited - computed
             record.comm += synced - waited

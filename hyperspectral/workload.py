@@ -1,0 +1,499 @@
+"""The hyperspectral application as an lbtrain workload: the only module here importing lbtrain.
+
+Declared as the entry point ``hyperspectral = "hyperspectral.workload:plugin"`` in the group
+``lbtrain.workloads``, so ``lbtrain train --workload hyperspectral --dataset pavia_u`` finds it
+without lbtrain importing this package. The trainer calls :data:`plugin`'s ``fetch`` on rank 0
+(downloads the scene into the cache once), then ``build`` on every rank with the same seed:
+
+- the split, the preprocessing (fitted on training pixels only) and the datasets are
+  identical on every rank;
+- ``build_model`` does not seed: the trainer seeds torch before calling it and broadcasts
+  rank 0's weights;
+- ``predict_set`` is every pixel in row-major order and ``predict_unit`` the scene width, so
+  ranks predict whole rows of the map (None with ``map`` off: nothing needs them);
+- ``artifacts`` (rank 0, after the final evaluation) writes ``metrics.txt``, ``split.npz``
+  and ``map.png`` into the run's folder.
+
+Every option is checked before the scene is loaded where it can be, and a bad value is a
+one-line ``ValueError`` naming the flag, the value and what to use instead.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from lbtrain.workloads import (
+    ArtifactContext,
+    ConfusionEvaluator,
+    Workload,
+    WorkloadOption,
+    WorkloadPlugin,
+    keep_batch,
+)
+
+from .datasets import SCENES, Scene, get_scene, load_scene
+from .maps import require_matplotlib, save_map
+from .metrics import format_table, metrics_from_confusion
+from .models import MODELS, build_model
+from .pipeline import DATASET_NAMES, canonical_scene, missing_classes, prepare, split_scene
+from .splits import SPLIT_KINDS, Split, save_split
+
+__all__ = ["NAME", "build", "fetch", "plugin"]
+
+NAME = "hyperspectral"
+
+# Shape of the generated scene, for checks before it is made (get_scene's defaults).
+_SYNTHETIC_SHAPE = (48, 48, 32)
+
+
+# ---------------------------------------------------------------------------------------
+# Option converters: each takes a command-line string or a TOML value and returns the
+# option's value, or raises a one-line ValueError that names the flag.
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _is_none(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("", "none"))
+
+
+def _dataset(value: Any) -> str:
+    """A scene name in any case, with or without underscores -> the registry name."""
+    name = canonical_scene(value) if isinstance(value, str) else None
+    if name is None:
+        raise ValueError(
+            f"--dataset {value!r} is unknown; choose one of {', '.join(DATASET_NAMES)} "
+            "(case and underscores do not matter)"
+        )
+    return name
+
+
+def _int(name: str, minimum: int, *, optional: bool = False, odd: bool = False) -> Callable:
+    hint = "an odd whole number" if odd else "a whole number"
+    unset = " (or leave it unset)" if optional else ""
+
+    def convert(value: Any) -> int | None:
+        if optional and _is_none(value):
+            return None
+        try:
+            if isinstance(value, bool | float):
+                raise ValueError
+            number = int(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{_flag(name)} {value!r} is not {hint}; give {hint} >= {minimum}{unset}"
+            ) from None
+        if number < minimum or (odd and number % 2 == 0):
+            raise ValueError(f"{_flag(name)} {number} is invalid; give {hint} >= {minimum}{unset}")
+        return number
+
+    convert.__name__ = name  # argparse names the type in its own messages
+    return convert
+
+
+def _float(name: str, low: float, high: float, *, low_open: bool) -> Callable:
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g})"
+
+    def convert(value: Any) -> float:
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            number = float(value.strip() if isinstance(value, str) else value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{_flag(name)} {value!r} is not a number; give a number in {interval}"
+            ) from None
+        inside = (number > low if low_open else number >= low) and number < high
+        if not inside:
+            raise ValueError(
+                f"{_flag(name)} {number:g} is out of range; give a number in {interval}"
+            )
+        return number
+
+    convert.__name__ = name
+    return convert
+
+
+def _choice(name: str, choices: Iterable[str]) -> Callable:
+    valid = tuple(choices)
+
+    def convert(value: Any) -> str:
+        text = value.strip().lower() if isinstance(value, str) else value
+        if text not in valid:
+            raise ValueError(
+                f"{_flag(name)} {value!r} is unknown; choose one of {', '.join(valid)}"
+            )
+        return text
+
+    convert.__name__ = name
+    return convert
+
+
+def _path(name: str) -> Callable:
+    def convert(value: Any) -> str | None:
+        if _is_none(value):
+            return None
+        if not isinstance(value, str | os.PathLike):
+            raise ValueError(f"{_flag(name)} {value!r} is not a path; give a file or folder name")
+        return os.fspath(value)
+
+    convert.__name__ = name
+    return convert
+
+
+def _bool(name: str, value: Any) -> bool:
+    """Strict on/off for `build` (the CLI's own flags are --name / --no-name)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{_flag(name)} {value!r} is not on or off; give true or false")
+
+
+_MODELS_HELP = "; ".join(
+    f"{k}: {v.description}, patch {v.patch_size}, PCA {v.pca or 'off'}" for k, v in MODELS.items()
+)
+
+OPTIONS: tuple[WorkloadOption, ...] = (
+    WorkloadOption(
+        "dataset",
+        "indian_pines",
+        f"scene: {', '.join(DATASET_NAMES)} (synthetic: a generated 48x48 scene with 32 bands "
+        "and 4 classes, the same for every seed)",
+        type=_dataset,
+    ),
+    WorkloadOption(
+        "data_dir",
+        None,
+        "folder holding the scene's .mat files; default $LBTRAIN_DATA, then ~/.cache/lbtrain, "
+        "then tensorly's Indian Pines copy, then a download",
+        type=_path("data_dir"),
+    ),
+    WorkloadOption(
+        "download", True, "download missing scene files into the cache (rank 0 only)", type=bool
+    ),
+    WorkloadOption(
+        "model", "hybridsn", _MODELS_HELP, type=_choice("model", MODELS), choices=tuple(MODELS)
+    ),
+    WorkloadOption(
+        "patch_size",
+        None,
+        "odd patch edge in pixels; default the model's reference size",
+        type=_int("patch_size", 1, optional=True, odd=True),
+    ),
+    WorkloadOption(
+        "pca",
+        None,
+        "PCA components fitted on training pixels, 0 to keep the bands; default the model's "
+        "reference (30 for hybridsn, none otherwise)",
+        type=_int("pca", 0, optional=True),
+    ),
+    WorkloadOption(
+        "split",
+        "random",
+        "random: stratified by --train-ratio; fixed: --train-per-class pixels per class; "
+        "disjoint: spatially separated train and test regions",
+        type=_choice("split", SPLIT_KINDS),
+        choices=SPLIT_KINDS,
+    ),
+    WorkloadOption(
+        "train_ratio",
+        0.1,
+        "share of each class used for training (random and disjoint splits)",
+        type=_float("train_ratio", 0.0, 1.0, low_open=True),
+    ),
+    WorkloadOption(
+        "train_per_class",
+        None,
+        "training pixels per class (fixed split)",
+        type=_int("train_per_class", 1, optional=True),
+    ),
+    WorkloadOption(
+        "split_file",
+        None,
+        "reuse the split.npz of an earlier run (overrides --split, --train-ratio and "
+        "--train-per-class), so runs are comparable",
+        type=_path("split_file"),
+    ),
+    WorkloadOption(
+        "dropout",
+        0.4,
+        "dropout probability of the model (0 = off)",
+        type=_float("dropout", 0.0, 1.0, low_open=False),
+    ),
+    WorkloadOption(
+        "map", True, "predict every pixel at the end and draw map.png (needs matplotlib)", type=bool
+    ),
+)
+
+
+def _convert(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option through its converter, so Python callers get the CLI's checks too."""
+    out = {}
+    for option in OPTIONS:
+        value = options[option.name]
+        if option.type is bool:
+            out[option.name] = _bool(option.name, value)
+        elif value is None:
+            out[option.name] = None
+        else:
+            out[option.name] = option.type(value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Checks that need the scene's size (known from the registry before loading it).
+
+
+def _check_sizes(scene: str, shape: tuple[int, ...], opts: Mapping[str, Any]) -> None:
+    """Patch, PCA and model against a scene of `shape` (H, W, bands); `opts` as `_settle`'s."""
+    model, patch_size, pca, dropout = (opts[k] for k in ("model", "patch_size", "pca", "dropout"))
+    h, w, bands = shape
+    limit = min(h, w)
+    if patch_size > limit:
+        largest = limit if limit % 2 else limit - 1
+        raise ValueError(
+            f"--patch-size {patch_size} is larger than the {scene} scene ({h}x{w} pixels); "
+            f"use an odd size up to {largest}"
+        )
+    if pca is not None and pca > bands:
+        raise ValueError(
+            f"--pca {pca} is more than the {bands} bands of {scene}; use 1..{bands}, "
+            "or 0 to keep the bands"
+        )
+    channels = pca or bands
+    # A throwaway model on one zero patch: a patch too small or too few channels for the
+    # model fails here, before the scene is read. fork_rng: the caller's torch generator is
+    # left as it was. (The meta device would skip the weights, but its first convolution
+    # imports torch's meta kernels, which costs more than this.)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            net = _new_model(model, channels, 2, patch_size, dropout).eval()
+            net(torch.zeros(1, channels, patch_size, patch_size))
+    except (ValueError, RuntimeError) as exc:
+        message = " ".join(str(exc).split())
+        raise ValueError(
+            f"--model {model} cannot take {channels}-channel patches of {patch_size}x"
+            f"{patch_size} ({message}); change --patch-size or --pca, or choose another --model"
+        ) from None
+
+
+def _new_model(model: str, bands: int, classes: int, patch_size: int, dropout: float) -> nn.Module:
+    return build_model(
+        model, bands=bands, num_classes=classes, patch_size=patch_size, dropout=dropout
+    )
+
+
+def _check_split(split: Split, scene_gt: np.ndarray, names: tuple[str, ...], origin: str) -> None:
+    no_train, no_test = missing_classes(split, scene_gt)
+    if not (no_train or no_test):
+        return
+    parts = []
+    for what, classes in (("training", no_train), ("test", no_test)):
+        if classes:
+            listed = ", ".join(f"{c} ({names[c - 1]})" for c in classes)
+            parts.append(f"no {what} pixels for class{'es' if len(classes) > 1 else ''} {listed}")
+    raise ValueError(
+        f"{origin} leaves {'; '.join(parts)}; use another --train-ratio or --train-per-class, "
+        "--split random, or (disjoint) a smaller --patch-size"
+    )
+
+
+def _atomic(path: Path, write: Callable[[Path], Any]) -> Path:
+    """Write through a hidden temporary file in the same folder, then rename over `path`."""
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# The plug-in's two steps.
+
+
+def _settle(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Options over their defaults, converted and checked as far as the registry allows.
+
+    Nothing is read or downloaded yet. ``patch_size`` and ``pca`` come back resolved: the
+    model's reference when unset, and ``pca`` None when PCA is off.
+    """
+    opts = _convert(plugin.resolve_options(options))
+    spec = MODELS[opts["model"]]
+    if opts["patch_size"] is None:
+        opts["patch_size"] = spec.patch_size
+    opts["pca"] = spec.pca if opts["pca"] is None else (opts["pca"] or None)
+    split_file = opts["split_file"]
+    if opts["map"]:
+        require_matplotlib()  # fail now, not after a long training run
+    if split_file is None and opts["split"] == "fixed" and opts["train_per_class"] is None:
+        raise ValueError("--split fixed needs --train-per-class N (training pixels per class)")
+    if split_file is not None and not Path(split_file).is_file():
+        raise ValueError(
+            f"--split-file {split_file}: no such file; pass the split.npz that an earlier run "
+            "wrote into its output folder"
+        )
+    _check_sizes(opts["dataset"], _published_shape(opts["dataset"]), opts)
+    return opts
+
+
+def _published_shape(name: str) -> tuple[int, int, int]:
+    return _SYNTHETIC_SHAPE if name == "synthetic" else SCENES[name].shape
+
+
+def fetch(**options: Any) -> None:
+    """Check the options, then make sure the scene's files are on disk (downloaded if allowed).
+
+    Rank 0 runs this alone before any rank builds, so a later `get_scene` on every rank
+    finds the files. The synthetic scene needs nothing.
+    """
+    opts = _settle(options)
+    if opts["dataset"] != "synthetic":
+        load_scene(opts["dataset"], opts["data_dir"], download=opts["download"])
+
+
+def build(seed: int = 0, **options: Any) -> Workload:
+    """Load, split, preprocess and wrap the scene as an lbtrain Workload.
+
+    Args:
+        seed: seed of the split and the PCA solver (the same on every rank).
+        **options: the values of :data:`OPTIONS`, by name; missing ones take their default.
+
+    Raises:
+        ValueError: a bad option (one line naming the flag), a scene that cannot be read,
+            or a split that leaves a class without training or test pixels.
+        MissingDependencyError: ``map`` is on and matplotlib is missing.
+    """
+    opts = _settle(options)
+    model, patch, pca, split_file = (opts[k] for k in ("model", "patch_size", "pca", "split_file"))
+    # The synthetic scene is the same whatever the seed, so a saved split fits every run.
+    scene = get_scene(opts["dataset"], opts["data_dir"], download=opts["download"])
+    h, w = scene.shape
+    if (h, w, scene.bands) != _published_shape(opts["dataset"]):
+        # The file read is not the published scene: check it too.
+        _check_sizes(scene.name, (h, w, scene.bands), opts)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        split = split_scene(
+            scene,
+            opts["split"],
+            train_ratio=opts["train_ratio"],
+            per_class=opts["train_per_class"],
+            split_file=split_file,
+            patch_size=patch,
+            seed=seed,
+        )
+    origin = f"--split-file {split_file}" if split_file else f"the {opts['split']} split"
+    # A class left without pixels is one error line, not a warning per class and then it.
+    _check_split(split, scene.gt, scene.class_names, origin)
+    for caught_warning in caught:
+        warnings.warn(caught_warning.message, stacklevel=2)
+    if pca is not None and pca > split.train.size:
+        raise ValueError(
+            f"--pca {pca} is more than the {split.train.size} training pixels; use 1.."
+            f"{split.train.size}, 0 to keep the bands, or a larger --train-ratio"
+        )
+    data = prepare(scene, split, patch, pca, seed=seed)
+    channels, classes, dropout = data.bands, scene.num_classes, opts["dropout"]
+
+    def build_model_fn() -> nn.Module:
+        # No seeding here: the trainer seeds torch, builds, and broadcasts rank 0's weights.
+        return _new_model(model, channels, classes, patch, dropout)
+
+    return Workload(
+        name=NAME,
+        build_model=build_model_fn,
+        sample_shape=(channels, patch, patch),
+        num_classes=classes,
+        loss_fn=nn.functional.cross_entropy,
+        # What profiling times; the reference recipe of all three models is Adam at 1e-3.
+        build_optimizer=lambda params: torch.optim.Adam(params, lr=1e-3),
+        train_set=data.train_set,
+        eval_set=data.test_set,
+        evaluator=ConfusionEvaluator(
+            classes, summarize=metrics_from_confusion, headline=("oa", "aa", "kappa")
+        ),
+        # Only the map needs every pixel predicted; without it the trainer can skip that pass.
+        predict_set=data.predict_set() if opts["map"] else None,
+        predict_unit=w,
+        collate_fn=keep_batch,
+        artifacts=_artifacts_hook(scene, split, opts["map"]),
+        signature={
+            "dataset": scene.name,
+            "model": model,
+            "patch_size": patch,
+            "bands": channels,
+            "num_classes": classes,
+            "split": split.meta.get("kind", opts["split"]),
+        },
+        description=(
+            f"{scene.name} {scene.cube.shape} from {scene.source}: {len(data.train_set)} train "
+            f"/ {len(data.test_set)} test pixels, {channels} channels, model {model}, "
+            f"patch {patch}"
+        ),
+    )
+
+
+def _artifacts_hook(
+    scene: Scene, split: Split, draw_map: bool
+) -> Callable[[ArtifactContext], list[Path]]:
+    """The rank-0 hook; it keeps three bands for the RGB panel, not the whole raw cube."""
+    name, shape = scene.name, scene.shape
+    gt, class_names = scene.gt, scene.class_names
+    rgb = np.ascontiguousarray(scene.cube[..., list(scene.rgb_bands)]) if draw_map else None
+
+    def artifacts(ctx: ArtifactContext) -> list[Path]:
+        out = Path(ctx.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        metrics = dict(ctx.metrics)
+        written = [
+            _atomic(
+                out / "metrics.txt", lambda p: p.write_text(format_table(metrics, class_names))
+            ),
+            _atomic(out / "split.npz", lambda p: save_split(split, p)),
+        ]
+        if draw_map and ctx.predictions is not None:
+            predicted = np.asarray(ctx.predictions)
+            if predicted.size != shape[0] * shape[1]:
+                raise ValueError(
+                    f"got {predicted.size} predictions for the {shape[0]}x{shape[1]} map of "
+                    f"{name}; predict every item of the workload's predict_set"
+                )
+            title = (
+                f"{ctx.title or name}: OA {100 * metrics['oa']:.2f}%  "
+                f"AA {100 * metrics['aa']:.2f}%  kappa x100 {100 * metrics['kappa']:.2f}"
+            )
+            written.append(
+                _atomic(
+                    out / "map.png",
+                    lambda p: save_map(
+                        p, rgb, gt, predicted.reshape(shape), class_names, (0, 1, 2), title
+                    ),
+                )
+            )
+        return written
+
+    return artifacts
+
+
+plugin = WorkloadPlugin(
+    build=build,
+    options=OPTIONS,
+    fetch=fetch,
+    description="hyperspectral land-cover classification of one scene's pixels (patches)",
+)

@@ -1,0 +1,267 @@
+"""The hyperspectral workload plug-in, on the generated scene (fast, no data files)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+from hyperspectral import workload as hs_workload
+from hyperspectral.datasets import get_scene
+from hyperspectral.metrics import confusion_matrix, metrics_from_confusion
+from hyperspectral.models import MODELS
+from hyperspectral.patches import PatchDataset, pad_cube
+from hyperspectral.pipeline import canonical_scene
+from hyperspectral.splits import load_split
+from hyperspectral.workload import plugin
+from lbtrain.workloads import (
+    ArtifactContext,
+    ConfusionEvaluator,
+    Workload,
+    available_workloads,
+    get_plugin,
+    keep_batch,
+)
+
+# hamida: random initial weights, a 5x5 patch and no PCA, so a build takes milliseconds.
+FAST = {"dataset": "synthetic", "model": "hamida", "map": False}
+
+
+def _build(seed: int = 0, **options) -> Workload:
+    return plugin.make(seed, {**FAST, **options})
+
+
+def _option(name: str):
+    return next(o for o in plugin.options if o.name == name)
+
+
+def test_options_and_their_defaults():
+    assert plugin.defaults() == {
+        "dataset": "indian_pines",
+        "data_dir": None,
+        "download": True,
+        "model": "hybridsn",
+        "patch_size": None,
+        "pca": None,
+        "split": "random",
+        "train_ratio": 0.1,
+        "train_per_class": None,
+        "split_file": None,
+        "dropout": 0.4,
+        "map": True,
+    }
+    assert _option("download").type is bool and _option("map").type is bool
+    assert _option("model").choices == tuple(MODELS)
+    assert _option("split").choices == ("random", "fixed", "disjoint")
+    assert _option("patch_size").flag == "--patch-size"
+    assert all(o.help for o in plugin.options) and plugin.fetch is not None
+    if "hyperspectral" not in available_workloads():
+        pytest.skip("the package is not installed, so its entry point is not registered")
+    assert get_plugin("hyperspectral") is plugin
+
+
+@pytest.mark.parametrize(
+    ("given", "registry"),
+    [
+        ("indian_pines", "IndianPines"),
+        ("IndianPines", "IndianPines"),
+        ("indianpines", "IndianPines"),
+        ("INDIAN-PINES", "IndianPines"),
+        ("pavia_u", "PaviaU"),
+        ("PaviaU", "PaviaU"),
+        ("salinas", "Salinas"),
+        ("pavia_c", "PaviaC"),
+        ("ksc", "KSC"),
+        ("Botswana", "Botswana"),
+        ("synthetic", "synthetic"),
+    ],
+)
+def test_dataset_names_are_case_and_underscore_insensitive(given, registry):
+    assert _option("dataset").type(given) == registry
+    assert canonical_scene(given) == registry
+
+
+def test_unknown_dataset_is_one_line_listing_the_valid_names():
+    with pytest.raises(ValueError) as err:
+        _option("dataset").type("pavia_x")
+    message = str(err.value)
+    assert "\n" not in message and "--dataset 'pavia_x'" in message
+    assert "indian_pines" in message and "pavia_u" in message and "synthetic" in message
+
+
+def test_converters_take_strings_and_toml_values():
+    patch, pca, ratio = _option("patch_size").type, _option("pca").type, _option("train_ratio").type
+    assert patch("25") == 25 and patch(7) == 7 and patch("none") is None
+    assert pca("0") == 0 and pca(30) == 30
+    assert ratio("0.25") == 0.25 and ratio(0.5) == 0.5
+    assert _option("model").type("HybridSN") == "hybridsn"
+    assert _option("dropout").type("0") == 0.0
+    for convert, bad in ((patch, True), (patch, "x"), (patch, 5.0), (pca, "-1"), (ratio, "a")):
+        with pytest.raises(ValueError, match="^--"):
+            convert(bad)
+
+
+@pytest.mark.parametrize(
+    ("options", "needles"),
+    [
+        ({"patch_size": 4}, ("--patch-size 4", "odd")),
+        ({"patch_size": 49}, ("--patch-size 49", "48x48", "up to 47")),
+        ({"train_ratio": 0}, ("--train-ratio 0", "(0, 1)")),
+        ({"train_ratio": 1.5}, ("--train-ratio 1.5", "(0, 1)")),
+        ({"pca": 40}, ("--pca 40", "32 bands")),
+        ({"model": "hybridsn", "patch_size": 7}, ("--model hybridsn", "patch_size >= 9")),
+        ({"split": "fixed"}, ("--split fixed", "--train-per-class")),
+        ({"split_file": "/nonexistent/split.npz"}, ("--split-file", "no such file")),
+    ],
+)
+def test_bad_options_are_one_line_errors_naming_the_flag(options, needles):
+    with pytest.raises(ValueError) as err:
+        _build(**options)
+    message = str(err.value)
+    assert "\n" not in message
+    for needle in needles:
+        assert needle in message
+
+
+def test_split_leaving_a_class_without_training_pixels_is_one_line():
+    # A 25-pixel disjoint margin on a 48x48 scene leaves no training tile.
+    with pytest.raises(ValueError, match="no training pixels for class") as err:
+        _build(split="disjoint", model="hybridsn")
+    assert "\n" not in str(err.value) and "--patch-size" in str(err.value)
+
+
+def test_build_is_consistent_with_the_scene_and_its_datasets():
+    pytest.importorskip("matplotlib")
+    work = _build(patch_size=7, map=True)
+    scene = get_scene("synthetic")
+    h, w = scene.shape
+    assert work.name == "hyperspectral"
+    assert work.sample_shape == (scene.bands, 7, 7)
+    assert work.num_classes == scene.num_classes == 4
+    x, y = work.train_set[0]
+    assert tuple(x.shape) == work.sample_shape and 0 <= int(y) < work.num_classes
+    labelled = int((scene.gt > 0).sum())
+    assert len(work.train_set) + len(work.eval_set) == labelled
+    assert len(work.predict_set) == h * w and work.predict_unit == w
+    assert work.collate_fn is keep_batch
+    assert isinstance(work.evaluator, ConfusionEvaluator)
+    assert work.evaluator.headline == ("oa", "aa", "kappa")
+    assert work.signature == {
+        "dataset": "synthetic",
+        "model": "hamida",
+        "patch_size": 7,
+        "bands": 32,
+        "num_classes": 4,
+        "split": "random",
+    }
+    assert "synthetic" in work.description and "patch 7" in work.description
+    logits = work.build_model()(work.train_set.batch(torch.arange(3))[0])
+    assert logits.shape == (3, work.num_classes)
+    assert work.loss_fn(logits, torch.zeros(3, dtype=torch.int64)).ndim == 0
+
+
+def test_model_reference_sizes_apply_when_unset():
+    # hybridsn's reference: 30 PCA components (fitted on training pixels) and 25x25 patches.
+    assert _build(model="hybridsn").sample_shape == (30, 25, 25)
+
+
+def test_pca_zero_keeps_the_bands():
+    assert _build(model="hybridsn", pca=0, patch_size=9).sample_shape == (32, 9, 9)
+
+
+def test_same_seed_same_split_and_batches_and_build_leaves_torch_rng_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a, b = _build(seed=5), _build(seed=5)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert torch.equal(a.train_set.indices, b.train_set.indices)
+    assert torch.equal(a.eval_set.indices, b.eval_set.indices)
+    first = torch.arange(16)
+    for (xa, ya), (xb, yb) in ((a.train_set.batch(first), b.train_set.batch(first)),):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert not torch.equal(a.train_set.indices, _build(seed=6).train_set.indices)
+
+
+def test_build_model_does_not_reseed():
+    work = _build()
+    torch.manual_seed(7)
+    one, other = work.build_model(), work.build_model()
+    torch.manual_seed(7)
+    again = work.build_model()
+    weights = [next(m.parameters()) for m in (one, other, again)]
+    assert torch.equal(weights[0], weights[2])  # the caller's seed decides the weights
+    assert not torch.equal(weights[0], weights[1])  # and the factory does not reseed
+
+
+def test_evaluator_matches_hyperspectral_metrics():
+    evaluator = _build().get_evaluator()
+    cm = np.array([[5, 1, 0, 0], [2, 3, 0, 0], [0, 0, 4, 0], [0, 0, 1, 2]])
+    got, want = evaluator.summarize(cm), metrics_from_confusion(cm)
+    for key in ("oa", "aa", "kappa"):
+        assert got[key] == pytest.approx(want[key])
+    rng = np.random.default_rng(0)
+    targets = torch.as_tensor(rng.integers(0, 4, 50))
+    logits = torch.as_tensor(rng.normal(size=(50, 4)))
+    state = evaluator.new_state()
+    evaluator.update(state, logits[:20], targets[:20])
+    evaluator.update(state, logits[20:], targets[20:])
+    expected = confusion_matrix(targets.numpy(), logits.argmax(1).numpy(), 4)
+    np.testing.assert_array_equal(state, expected)
+
+
+def test_artifacts_write_metrics_split_and_map(tmp_path):
+    pytest.importorskip("matplotlib")
+    work = _build(map=True)
+    h, w = get_scene("synthetic").shape
+    predictions = np.arange(h * w) % work.num_classes
+    metrics = metrics_from_confusion(np.diag([3, 4, 5, 6]) + 1)
+    ctx = ArtifactContext(tmp_path, metrics, predictions, title="synthetic hamida")
+    written = work.artifacts(ctx)
+    assert sorted(p.name for p in written) == ["map.png", "metrics.txt", "split.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.png", "metrics.txt", "split.npz"]
+    text = (tmp_path / "metrics.txt").read_text()
+    assert "class_1" in text and "kappa x 100" in text
+    assert (tmp_path / "map.png").read_bytes()[:4] == b"\x89PNG"
+    saved = load_split(tmp_path / "split.npz")
+    np.testing.assert_array_equal(saved.train, work.train_set.indices.numpy())
+    # The saved split is what --split-file reuses, even with another seed.
+    reused = _build(seed=9, split_file=str(tmp_path / "split.npz"))
+    assert torch.equal(reused.train_set.indices, work.train_set.indices)
+
+
+def test_artifacts_without_map(tmp_path):
+    work = _build()
+    metrics = metrics_from_confusion(np.eye(4, dtype=np.int64) * 2)
+    written = work.artifacts(ArtifactContext(tmp_path, metrics, np.zeros(48 * 48, np.int64)))
+    assert sorted(p.name for p in written) == ["metrics.txt", "split.npz"]
+    assert work.predict_set is None  # nothing to predict the whole scene for
+
+
+def test_fetch_checks_options_then_loads_registry_scenes_and_skips_synthetic(monkeypatch):
+    calls = []
+    monkeypatch.setattr(hs_workload, "load_scene", lambda *a, **k: calls.append((a, k)))
+    plugin.fetch(**plugin.resolve_options({**FAST}))
+    assert calls == []
+    # Checked against the published 610x340 shape before anything is downloaded.
+    with pytest.raises(ValueError, match="--patch-size 611"):
+        plugin.fetch(**plugin.resolve_options({**FAST, "dataset": "pavia_u", "patch_size": 611}))
+    assert calls == []
+    plugin.fetch(**plugin.resolve_options({**FAST, "dataset": "pavia_u", "data_dir": "/data"}))
+    assert calls == [(("PaviaU", "/data"), {"download": True})]
+
+
+def test_dataloader_with_getitems_and_keep_batch_equals_batch():
+    rng = np.random.default_rng(0)
+    padded = pad_cube(rng.normal(size=(6, 5, 3)).astype(np.float32), 3)
+    labels = rng.integers(1, 4, (6, 5))
+    data = PatchDataset(padded, rng.permutation(30)[:17], 3, 5, labels)
+    sampler = BatchSampler(SequentialSampler(range(len(data))), batch_size=5, drop_last=False)
+    batches = list(DataLoader(data, batch_sampler=sampler, collate_fn=keep_batch))
+    assert len(batches) == 4
+    for positions, (x, y) in zip(sampler, batches, strict=True):
+        want_x, want_y = data.batch(torch.as_tensor(positions))
+        assert torch.equal(x, want_x) and torch.equal(y, want_y)
+        assert x.shape == (len(positions), 3, 3, 3)
+    x, y = data.__getitems__([])
+    assert x.shape == (0, 3, 3, 3) and y.shape == (0,)
