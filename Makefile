@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RANKS ?= 3
 
-.PHONY: venv test lint demo demo-hs clean
+.PHONY: venv test lint demo demo-toy demo-hs clean
 
 venv: $(STAMP)
 
@@ -26,13 +26,21 @@ test: lint
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
+# The main job: real Indian Pines (tensorly's offline copy) on 3 ranks that emulate devices 1x,
+# 2x and 4x slow, balanced by the cost model; outputs in a new runs/<date-time>/.
 demo: $(STAMP)
+	$(VENV)/bin/mpiexec -n 3 $(VENV)/bin/lbtrain train --dataset indian_pines --model hamida \
+		--patch-size 11 --pca 30 --epochs 30 --global-batch 64 --threads 1 \
+		--emulate-slowdown 1,2,4 --policy cost
+
+# The library call in a script of your own (examples/balanced_toy.py), checked against one process.
+demo-toy: $(STAMP)
 	$(VENV)/bin/mpiexec -n $(RANKS) $(PY) -m mpi4py examples/balanced_toy.py
 
 # The hyperspectral application alone, one process, on Indian Pines (tensorly's offline copy).
 demo-hs: $(STAMP)
-	$(PY) -m hyperspectral train --scene IndianPines --model hamida --patch-size 11 --pca 30 \
-		--epochs 30 --threads 2 --out runs/demo-hs
+	$(PY) -m hyperspectral train --dataset indian_pines --model hamida --patch-size 11 --pca 30 \
+		--epochs 30 --threads 2
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache

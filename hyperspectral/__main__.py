@@ -1,8 +1,8 @@
 """``python -m hyperspectral``."""
 
-from .malloc import tune_malloc
+from lbtrain.malloc import tune_malloc
 
-# Before torch is imported (by .cli): see hyperspectral/malloc.py for why and by how much.
+# Before torch is imported (by .cli): see lbtrain/malloc.py for why and by how much.
 tune_malloc()
 
 from .cli import main  # noqa: E402

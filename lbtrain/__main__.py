@@ -2,7 +2,7 @@
 
 import sys
 
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 
 __all__: list[str] = []
 

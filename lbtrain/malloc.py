@@ -1,5 +1,10 @@
 """Keep glibc malloc from handing big buffers back to the kernel after every step.
 
+Entry points (`lbtrain`, `python -m lbtrain`, `python -m hyperspectral`) call
+`tune_malloc()` before torch is imported. Programs that embed lbtrain can call it first
+thing, or set ``MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=1073741824
+MALLOC_TOP_PAD_=268435456`` in the environment.
+
 PyTorch's CPU convolutions allocate and free buffers of many MiB on every forward and
 backward pass. With glibc's defaults those are fresh ``mmap`` regions (or trimmed heap tops),
 so every step faults its pages in again: on the HybridSN benchmark the kernel's share was

@@ -23,7 +23,7 @@ _T0 = time.perf_counter()
 # Run from a checkout without installing: make the repository root importable.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hyperspectral.malloc import tune_malloc  # noqa: E402
+from lbtrain.malloc import tune_malloc  # noqa: E402
 
 tune_malloc()  # before torch is imported, as `python -m hyperspectral` does
 

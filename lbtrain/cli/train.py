@@ -50,26 +50,38 @@ _NOT_INHERITED = ("out", "resume", "plan", "profiles")
 
 
 def workload_from_argv(argv: Sequence[str]) -> str:
-    """The --workload a command line asks for (or its --config file does), before parsing."""
-    spec, config = None, None
+    """The --workload a command line asks for (or its --config file, or the run it resumes)."""
+    found: dict[str, str] = {}
     for i, arg in enumerate(argv):
-        for name in ("--workload", "--config"):
+        for name in ("--workload", "--config", "--resume"):
             if arg == name and i + 1 < len(argv):
-                value = argv[i + 1]
+                found[name] = argv[i + 1]
             elif arg.startswith(name + "="):
-                value = arg.split("=", 1)[1]
-            else:
-                continue
-            if name == "--workload":
-                spec = value
-            else:
-                config = value
-    if spec is None and config is not None:
+                found[name] = arg.split("=", 1)[1]
+    spec, resume = found.get("--workload"), found.get("--resume")
+    if spec is None and "--config" in found:
         try:
-            spec = load_toml(config).get("workload")
+            settings = load_toml(found["--config"])
+            spec, resume = settings.get("workload"), resume or settings.get("resume")
         except ValueError:
             pass  # reported properly once the run starts
+    if spec is None and isinstance(resume, str):
+        spec = _resumed_workload(resume)
     return spec if isinstance(spec, str) else DEFAULT_TRAIN_WORKLOAD
+
+
+def _resumed_workload(resume: str) -> str | None:
+    """The workload of the run `resume` names, from the config.toml beside its checkpoints.
+
+    Read before parsing, so that the flags of that workload's own options are accepted; the
+    checkpoint itself is read later, on rank 0 alone.
+    """
+    try:
+        run_folder = find_checkpoint(resume).resolve().parent.parent
+        spec = load_toml(run_folder / "config.toml").get("workload")
+    except (ValueError, OSError):
+        return None  # a missing resume is reported properly once the run starts
+    return spec if isinstance(spec, str) else None
 
 
 def add_parser(
@@ -173,6 +185,8 @@ def _add_workload_options(parser: argparse.ArgumentParser, spec: str) -> None:
     group = parser.add_argument_group(title)
     for option in plugin.options:
         shown = "the workload's choice" if option.default is None else option.default
+        if option.type is bool:
+            shown = "on" if option.default else "off"
         text = f"{option.help} (default: {shown})"
         if option.type is bool:
             group.add_argument(
@@ -254,10 +268,6 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
 
     given = vars(args)
     try:
-        spec = given.get("workload")
-        if spec is None and "config" in given:
-            spec = agree(comm, lambda: load_toml(given["config"])).get("workload")
-        plugin = agree(comm, lambda: get_plugin(spec or DEFAULT_TRAIN_WORKLOAD))
         base = None
         resume = given.get("resume")
         if resume is None and "config" in given:
@@ -265,6 +275,12 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         if resume:
             base = agree(comm, lambda: _checkpoint_settings(resume, comm.rank))
             base = comm.bcast(base, root=0)
+        spec = given.get("workload")
+        if spec is None and "config" in given:
+            spec = agree(comm, lambda: load_toml(given["config"])).get("workload")
+        if spec is None and base is not None:
+            spec = base.get("workload")  # the resumed run's, whose options the flags set
+        plugin = agree(comm, lambda: get_plugin(spec or DEFAULT_TRAIN_WORKLOAD))
         config = agree(comm, lambda: build_config(given, plugin, base))
         result = train(config, comm)
     except CollectiveError as exc:

@@ -14,7 +14,7 @@ from lbtrain import SingleProcessCommunicator
 from lbtrain.cli.main import build_parser, main
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "profiles_3ranks.json"
-VERBS = ("profile", "balance-report", "env")
+VERBS = ("train", "profile", "balance-report", "env")
 
 
 def run(argv, capsys):

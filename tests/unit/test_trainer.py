@@ -1,0 +1,270 @@
+"""The trainer's parts in one process: config layers, checkpoints, schedules, shares, fit."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from lbtrain import SingleProcessCommunicator, balanced_loader
+from lbtrain.cli.train import build_config, translate
+from lbtrain.trainer.checkpoint import (
+    atomic_write_text,
+    find_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from lbtrain.trainer.config import TrainConfig, load_toml, save_toml
+from lbtrain.trainer.evaluate import evaluate, predict, share_bounds
+from lbtrain.trainer.loop import StopSignal, TrainingDiverged, fit
+from lbtrain.trainer.optim import build_optimizer, build_scheduler
+from lbtrain.trainer.progress import Progress
+from lbtrain.workloads import ConfusionEvaluator, WorkloadOption, WorkloadPlugin, toy_workload
+
+
+def test_config_round_trips_through_toml(tmp_path):
+    config = TrainConfig(epochs=3, lr=0.01, workload_options={"model": "hu", "pca": None})
+    path = save_toml(tmp_path / "config.toml", config)
+    data = load_toml(path)
+    assert data["epochs"] == 3 and data["workload_options"] == {"model": "hu"}
+    again = TrainConfig.from_dict(data)
+    assert again.epochs == 3 and again.lr == 0.01 and again.workload_options == {"model": "hu"}
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"epochs": 0}, "epochs=0 must be >= 1"),
+        ({"lr": float("nan")}, "lr=nan must be a finite number"),
+        ({"policy": "fast"}, "policy='fast' is unknown"),
+        ({"global_batch": 2.5}, "global_batch=2.5 must be a whole number"),
+        ({"momentum": 1.0}, "momentum=1.0 must be < 1"),
+        ({"profiles": "p.json", "plan": "plan.json"}, "profiles and plan are both given"),
+    ],
+)
+def test_config_rejects_bad_values_by_name(change, needle):
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        TrainConfig(**change).validate()
+
+
+def test_unknown_setting_and_bad_toml_name_the_file(tmp_path):
+    with pytest.raises(ValueError, match="run.toml: unknown setting.*epoch_count"):
+        TrainConfig.from_dict({"epoch_count": 3}, source="run.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("epochs = = 3\n")
+    with pytest.raises(ValueError, match="bad.toml.*not valid TOML"):
+        load_toml(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_toml(tmp_path / "missing.toml")
+
+
+def test_flags_override_the_file_which_overrides_the_checkpoint(tmp_path):
+    plugin = WorkloadPlugin(
+        build=lambda seed, size: toy_workload(),
+        options=(WorkloadOption("size", 3, "a size", type=int),),
+    )
+    file = tmp_path / "run.toml"
+    file.write_text('epochs = 7\nlr = 0.5\nsize = "9"\n[workload_options]\n')
+    base = {"epochs": 2, "lr": 0.1, "seed": 4}
+    config = build_config({"config": str(file), "lr": 0.25}, plugin, base)
+    assert (config.epochs, config.lr, config.seed) == (7, 0.25, 4)
+    assert config.workload_options == {"size": 9}  # converted by the option's type
+
+
+def test_library_names_become_flags_in_messages():
+    text = translate("global_batch=2 is smaller than 3 ranks x min_batch=1; out 'x' is a file")
+    assert text == "--global-batch 2 is smaller than 3 ranks x --min-batch 1; --out 'x' is a file"
+
+
+def test_checkpoints_are_atomic_pruned_and_found(tmp_path):
+    folder = tmp_path / "run" / "checkpoints"
+    for step in (5, 10, 15):
+        save_checkpoint(folder, _state(step), keep=2)
+    assert [p.name for p in list_checkpoints(folder)] == ["step-000000010.pt", "step-000000015.pt"]
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+    assert find_checkpoint(tmp_path / "run") == folder / "step-000000015.pt"
+    assert load_checkpoint(folder / "step-000000015.pt")["global_step"] == 15
+    torn = folder / "step-000000020.pt"
+    torn.write_bytes((folder / "step-000000015.pt").read_bytes()[:100])
+    with pytest.raises(ValueError, match="not a readable lbtrain checkpoint"):
+        load_checkpoint(torn)
+    with pytest.raises(ValueError, match="holds no checkpoint"):
+        find_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        find_checkpoint(tmp_path / "nowhere")
+
+
+def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    target = atomic_write_text(tmp_path / "metrics.json", "old")
+
+    def broken_replace(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("os.replace", broken_replace)
+    with pytest.raises(OSError):
+        atomic_write_text(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]
+
+
+def _state(step: int) -> dict:
+    return {
+        "model": {"w": torch.zeros(2)},
+        "optimizer": {},
+        "epoch": 0,
+        "step": step,
+        "global_step": step,
+        "config": {},
+        "plan": {},
+    }
+
+
+def test_schedules():
+    param = nn.Parameter(torch.zeros(1))
+    for name, expected in (("cosine", [1.0, 0.5, 0.0]), ("constant", [1.0] * 3)):
+        opt = build_optimizer([param], "sgd", lr=1.0)
+        sched = build_scheduler(opt, name, total_steps=4, steps_per_epoch=2)
+        rates = []
+        for _ in range(3):
+            rates.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+            opt.step()
+            sched.step()
+        assert rates == pytest.approx(expected)
+    opt = build_optimizer([param], "adam", lr=1.0)
+    sched = build_scheduler(opt, "step", 100, steps_per_epoch=2, step_epochs=1, gamma=0.5)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(
+    ("total", "weights", "unit", "expected"),
+    [
+        (10, [0.5, 0.3, 0.2], 1, [(0, 5), (5, 8), (8, 10)]),
+        (12, [0.5, 0.5], 4, [(0, 8), (8, 12)]),
+        (3, [0.1, 0.1, 0.8], 1, [(0, 0), (0, 1), (1, 3)]),
+    ],
+)
+def test_shares_cover_every_item_once(total, weights, unit, expected):
+    bounds = share_bounds(total, weights, unit)
+    assert bounds == expected
+    assert sum(stop - start for start, stop in bounds) == total
+    assert all(start % unit == 0 for start, _ in bounds)
+
+
+def test_evaluate_and_predict_in_one_process():
+    comm = SingleProcessCommunicator()
+    model = nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.eye(2))
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    y = torch.tensor([0, 1, 1])
+    data = TensorDataset(x, y)
+    metrics = evaluate(model, data, ConfusionEvaluator(2), comm, [1.0], device=torch.device("cpu"))
+    assert metrics["accuracy"] == pytest.approx(2 / 3)
+    preds = predict(model, data, comm, [1.0], device=torch.device("cpu"), batch_size=2)
+    assert preds.tolist() == [0, 1, 0]
+
+
+def test_fit_in_one_process_is_plain_minibatch_training():
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
+    data = TensorDataset(x, y)
+    model = nn.Linear(4, 3)
+    reference = nn.Linear(4, 3)
+    reference.load_state_dict(model.state_dict())
+    comm = SingleProcessCommunicator()
+    loader = balanced_loader([1.0], data, global_batch_size=16, rank=0, seed=3)
+    opt = build_optimizer(model.parameters(), "sgd", lr=0.1)
+    sched = build_scheduler(opt, "constant", 6, 3)
+    result = fit(
+        model, opt, sched, loader, comm,
+        loss_fn=nn.functional.cross_entropy, device=torch.device("cpu"), epochs=2,
+    )  # fmt: skip
+    assert (result.epoch, result.step, result.global_step) == (2, 0, 6)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for epoch in range(2):
+        perm = torch.randperm(40, generator=torch.Generator().manual_seed(3 + epoch))
+        for start in range(0, 40, 16):
+            idx = perm[start : start + 16]
+            ref_opt.zero_grad()
+            nn.functional.cross_entropy(reference(x[idx]), y[idx]).backward()
+            ref_opt.step()
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert math.isfinite(result.history[-1].loss) and result.history[-1].samples == 40
+
+
+def test_a_nan_loss_stops_fit_naming_epoch_and_step():
+    data = TensorDataset(torch.randn(8, 2), torch.zeros(8, dtype=torch.long))
+    model = nn.Linear(2, 2)
+    loader = balanced_loader([1.0], data, global_batch_size=4, rank=0)
+    opt = build_optimizer(model.parameters(), "sgd", lr=0.1)
+    calls = []
+
+    def loss_fn(outputs, targets):
+        calls.append(1)
+        loss = nn.functional.cross_entropy(outputs, targets)
+        return loss * float("nan") if len(calls) == 3 else loss
+
+    with pytest.raises(TrainingDiverged, match="epoch 2, step 1"):
+        fit(
+            model, opt, build_scheduler(opt, "constant", 4, 2), loader,
+            SingleProcessCommunicator(), loss_fn=loss_fn, device=torch.device("cpu"), epochs=2,
+        )  # fmt: skip
+
+
+def test_a_signal_stops_after_the_step_with_its_exit_status():
+    import signal
+
+    data = TensorDataset(torch.randn(8, 2), torch.zeros(8, dtype=torch.long))
+    model = nn.Linear(2, 2)
+    loader = balanced_loader([1.0], data, global_batch_size=2, rank=0)
+    opt = build_optimizer(model.parameters(), "sgd", lr=0.1)
+    stop = StopSignal()
+    with stop.installed():
+        signal.raise_signal(signal.SIGTERM)
+        result = fit(
+            model, opt, build_scheduler(opt, "constant", 8, 4), loader,
+            SingleProcessCommunicator(), loss_fn=nn.functional.cross_entropy,
+            device=torch.device("cpu"), epochs=2, stop=stop,
+        )  # fmt: skip
+    assert (result.stop_code, result.epoch, result.step, result.global_step) == (143, 0, 1, 1)
+
+
+def test_progress_prints_plain_lines_off_a_terminal():
+    stream = io.StringIO()
+    progress = Progress(True, epochs=2, log_every=2, stream=stream)
+    progress.start_epoch(0, 4)
+    for step in range(4):
+        progress.step(step, 0.5, 100.0)
+    progress.end_epoch("epoch 1/2 done")
+    lines = stream.getvalue().splitlines()
+    assert lines == [
+        "epoch 1/2 step 2/4  loss 0.5000  100 samples/s",
+        "epoch 1/2 step 4/4  loss 0.5000  100 samples/s",
+        "epoch 1/2 done",
+    ]
+    silent = io.StringIO()
+    Progress(False, 1, stream=silent).end_epoch("x")
+    assert silent.getvalue() == ""
+
+
+def test_confusion_evaluator_counts_pairs():
+    evaluator = ConfusionEvaluator(3)
+    state = evaluator.new_state()
+    outputs = torch.tensor([[5.0, 0, 0], [0, 5.0, 0], [0, 5.0, 0]])
+    evaluator.update(state, outputs, torch.tensor([0, 1, 2]))
+    assert state.tolist() == [[1, 0, 0], [0, 1, 0], [0, 1, 0]]
+    assert evaluator.summarize(state)["accuracy"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="no evaluation samples"):
+        evaluator.summarize(np.zeros((3, 3), dtype=np.int64))
