@@ -1,9 +1,8 @@
 """The data side of a run: scene names, the split, leak-free preprocessing and patch datasets.
 
-Shared by the single-process trainer (:mod:`hyperspectral.train`) and the lbtrain adapter
-(:mod:`hyperspectral.workload`); it does not import lbtrain. Everything here is a pure
-function of the scene, the options and the seed, so every rank that calls it gets the same
-split, the same fitted transform and the same datasets.
+Used by the lbtrain adapter (:mod:`hyperspectral.workload`); it does not import lbtrain.
+Everything here is a pure function of the scene, the options and the seed, so every rank
+that calls it gets the same split, the same fitted transform and the same datasets.
 """
 
 from __future__ import annotations

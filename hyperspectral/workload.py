@@ -11,18 +11,19 @@ without lbtrain importing this package. The trainer calls :data:`plugin`'s ``fet
   rank 0's weights;
 - ``predict_set`` is every pixel in row-major order and ``predict_unit`` the scene width, so
   ranks predict whole rows of the map (None with ``map`` off: nothing needs them);
-- ``artifacts`` (rank 0, after the final evaluation) writes ``metrics.txt``, ``split.npz``
-  and ``map.png`` into the run's folder.
+- ``artifacts`` (rank 0, after the final evaluation) prints the per-class table and writes
+  it (``metrics.txt``), ``split.npz`` and ``map.png`` into the run's folder.
 
 Every option is checked before the scene is loaded where it can be, and a bad value is a
-one-line ``ValueError`` naming the flag, the value and what to use instead.
+one-line ``ValueError`` naming the flag, the value and what to use instead (the converters
+are in :mod:`hyperspectral.options`).
 """
 
 from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,15 @@ from .datasets import SCENES, Scene, get_scene, load_scene
 from .maps import require_matplotlib, save_map
 from .metrics import format_table, metrics_from_confusion
 from .models import MODELS, build_model
-from .pipeline import DATASET_NAMES, canonical_scene, missing_classes, prepare, split_scene
+from .options import (
+    parse_bool,
+    parse_choice,
+    parse_dataset,
+    parse_float,
+    parse_int,
+    parse_path,
+)
+from .pipeline import DATASET_NAMES, missing_classes, prepare, split_scene
 from .splits import SPLIT_KINDS, Split, save_split
 
 __all__ = ["NAME", "build", "fetch", "plugin"]
@@ -52,115 +61,6 @@ NAME = "hyperspectral"
 
 # Shape of the generated scene, for checks before it is made (get_scene's defaults).
 _SYNTHETIC_SHAPE = (48, 48, 32)
-
-
-# ---------------------------------------------------------------------------------------
-# Option converters: each takes a command-line string or a TOML value and returns the
-# option's value, or raises a one-line ValueError that names the flag.
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _is_none(value: Any) -> bool:
-    return value is None or (isinstance(value, str) and value.strip().lower() in ("", "none"))
-
-
-def _dataset(value: Any) -> str:
-    """A scene name in any case, with or without underscores -> the registry name."""
-    name = canonical_scene(value) if isinstance(value, str) else None
-    if name is None:
-        raise ValueError(
-            f"--dataset {value!r} is unknown; choose one of {', '.join(DATASET_NAMES)} "
-            "(case and underscores do not matter)"
-        )
-    return name
-
-
-def _int(name: str, minimum: int, *, optional: bool = False, odd: bool = False) -> Callable:
-    hint = "an odd whole number" if odd else "a whole number"
-    unset = " (or leave it unset)" if optional else ""
-
-    def convert(value: Any) -> int | None:
-        if optional and _is_none(value):
-            return None
-        try:
-            if isinstance(value, bool | float):
-                raise ValueError
-            number = int(value.strip() if isinstance(value, str) else value)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"{_flag(name)} {value!r} is not {hint}; give {hint} >= {minimum}{unset}"
-            ) from None
-        if number < minimum or (odd and number % 2 == 0):
-            raise ValueError(f"{_flag(name)} {number} is invalid; give {hint} >= {minimum}{unset}")
-        return number
-
-    convert.__name__ = name  # argparse names the type in its own messages
-    return convert
-
-
-def _float(name: str, low: float, high: float, *, low_open: bool) -> Callable:
-    interval = f"{'(' if low_open else '['}{low:g}, {high:g})"
-
-    def convert(value: Any) -> float:
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            number = float(value.strip() if isinstance(value, str) else value)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"{_flag(name)} {value!r} is not a number; give a number in {interval}"
-            ) from None
-        inside = (number > low if low_open else number >= low) and number < high
-        if not inside:
-            raise ValueError(
-                f"{_flag(name)} {number:g} is out of range; give a number in {interval}"
-            )
-        return number
-
-    convert.__name__ = name
-    return convert
-
-
-def _choice(name: str, choices: Iterable[str]) -> Callable:
-    valid = tuple(choices)
-
-    def convert(value: Any) -> str:
-        text = value.strip().lower() if isinstance(value, str) else value
-        if text not in valid:
-            raise ValueError(
-                f"{_flag(name)} {value!r} is unknown; choose one of {', '.join(valid)}"
-            )
-        return text
-
-    convert.__name__ = name
-    return convert
-
-
-def _path(name: str) -> Callable:
-    def convert(value: Any) -> str | None:
-        if _is_none(value):
-            return None
-        if not isinstance(value, str | os.PathLike):
-            raise ValueError(f"{_flag(name)} {value!r} is not a path; give a file or folder name")
-        return os.fspath(value)
-
-    convert.__name__ = name
-    return convert
-
-
-def _bool(name: str, value: Any) -> bool:
-    """Strict on/off for `build` (the CLI's own flags are --name / --no-name)."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{_flag(name)} {value!r} is not on or off; give true or false")
 
 
 _MODELS_HELP = "; ".join(
@@ -173,66 +73,66 @@ OPTIONS: tuple[WorkloadOption, ...] = (
         "indian_pines",
         f"scene: {', '.join(DATASET_NAMES)} (synthetic: a generated 48x48 scene with 32 bands "
         "and 4 classes, the same for every seed)",
-        type=_dataset,
+        type=parse_dataset,
     ),
     WorkloadOption(
         "data_dir",
         None,
         "folder holding the scene's .mat files; default $LBTRAIN_DATA, then ~/.cache/lbtrain, "
         "then tensorly's Indian Pines copy, then a download",
-        type=_path("data_dir"),
+        type=parse_path("data_dir"),
     ),
     WorkloadOption(
         "download", True, "download missing scene files into the cache (rank 0 only)", type=bool
     ),
     WorkloadOption(
-        "model", "hybridsn", _MODELS_HELP, type=_choice("model", MODELS), choices=tuple(MODELS)
+        "model", "hybridsn", _MODELS_HELP, type=parse_choice("model", MODELS), choices=tuple(MODELS)
     ),
     WorkloadOption(
         "patch_size",
         None,
         "odd patch edge in pixels; default the model's reference size",
-        type=_int("patch_size", 1, optional=True, odd=True),
+        type=parse_int("patch_size", 1, optional=True, odd=True),
     ),
     WorkloadOption(
         "pca",
         None,
         "PCA components fitted on training pixels, 0 to keep the bands; default the model's "
         "reference (30 for hybridsn, none otherwise)",
-        type=_int("pca", 0, optional=True),
+        type=parse_int("pca", 0, optional=True),
     ),
     WorkloadOption(
         "split",
         "random",
         "random: stratified by --train-ratio; fixed: --train-per-class pixels per class; "
         "disjoint: spatially separated train and test regions",
-        type=_choice("split", SPLIT_KINDS),
+        type=parse_choice("split", SPLIT_KINDS),
         choices=SPLIT_KINDS,
     ),
     WorkloadOption(
         "train_ratio",
         0.1,
         "share of each class used for training (random and disjoint splits)",
-        type=_float("train_ratio", 0.0, 1.0, low_open=True),
+        type=parse_float("train_ratio", 0.0, 1.0, low_open=True),
     ),
     WorkloadOption(
         "train_per_class",
         None,
         "training pixels per class (fixed split)",
-        type=_int("train_per_class", 1, optional=True),
+        type=parse_int("train_per_class", 1, optional=True),
     ),
     WorkloadOption(
         "split_file",
         None,
         "reuse the split.npz of an earlier run (overrides --split, --train-ratio and "
         "--train-per-class), so runs are comparable",
-        type=_path("split_file"),
+        type=parse_path("split_file"),
     ),
     WorkloadOption(
         "dropout",
         0.4,
         "dropout probability of the model (0 = off)",
-        type=_float("dropout", 0.0, 1.0, low_open=False),
+        type=parse_float("dropout", 0.0, 1.0, low_open=False),
     ),
     WorkloadOption(
         "map", True, "predict every pixel at the end and draw map.png (needs matplotlib)", type=bool
@@ -246,7 +146,7 @@ def _convert(options: Mapping[str, Any]) -> dict[str, Any]:
     for option in OPTIONS:
         value = options[option.name]
         if option.type is bool:
-            out[option.name] = _bool(option.name, value)
+            out[option.name] = parse_bool(option.name, value)
         elif value is None:
             out[option.name] = None
         else:
@@ -461,10 +361,11 @@ def _artifacts_hook(
         out = Path(ctx.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         metrics = dict(ctx.metrics)
+        table = format_table(metrics, class_names)
+        # Printed too: the run summary that follows shows only OA, AA and kappa.
+        print("\n" + table, end="", flush=True)
         written = [
-            _atomic(
-                out / "metrics.txt", lambda p: p.write_text(format_table(metrics, class_names))
-            ),
+            _atomic(out / "metrics.txt", lambda p: p.write_text(table)),
             _atomic(out / "split.npz", lambda p: save_split(split, p)),
         ]
         if draw_map and ctx.predictions is not None:

@@ -28,6 +28,7 @@ __all__ = [
     "build_workload",
     "load_profiles_collective",
     "profile_workload",
+    "root_value",
     "setup_replica",
 ]
 
@@ -41,7 +42,7 @@ class CollectiveError(Exception):
     """A user error that every rank knows about: rank 0 reports it and all ranks stop."""
 
 
-def agree(comm: Communicator, check: Callable[[], T]) -> T:
+def agree(comm: Communicator, check: Callable[[], T], *, name_rank: bool = True) -> T:
     """Run `check` on every rank and fail on all ranks together if it failed on any.
 
     Collective. A per-rank problem (say cuda:3 on one node) would otherwise leave the other
@@ -50,6 +51,8 @@ def agree(comm: Communicator, check: Callable[[], T]) -> T:
     Args:
         comm: the job's communicator.
         check: validation to run; raises ValueError, RuntimeError or OSError on bad input.
+        name_rank: prefix "rank R: " when only some ranks failed (off for checks that only
+            rank 0 runs, where the rank says nothing).
 
     Returns:
         What `check` returned on this rank.
@@ -65,10 +68,19 @@ def agree(comm: Communicator, check: Callable[[], T]) -> T:
     failed = [(rank, message) for rank, message in enumerate(errors) if message is not None]
     if failed:
         rank, message = failed[0]
-        if comm.size > 1 and len(failed) < comm.size:
+        if name_rank and comm.size > 1 and len(failed) < comm.size:
             message = f"rank {rank}: {message}"
         raise CollectiveError(message)
     return value  # type: ignore[return-value]
+
+
+def root_value(comm: Communicator, make: Callable[[], T]) -> T:
+    """`make()` on rank 0 alone (its errors reach every rank), then its value on every rank.
+
+    Collective. For files only rank 0 may read: a checkpoint, a plan, an output folder.
+    """
+    value = agree(comm, lambda: make() if comm.rank == 0 else None, name_rank=False)
+    return comm.bcast(value, root=0)
 
 
 @dataclass(frozen=True)
@@ -131,7 +143,7 @@ def build_workload(
     plugin = agree(comm, lambda: get_plugin(spec))
     resolved = agree(comm, lambda: plugin.resolve_options(options))
     if plugin.fetch is not None:
-        agree(comm, lambda: comm.rank != 0 or plugin.fetch(**resolved))
+        agree(comm, lambda: comm.rank != 0 or plugin.fetch(**resolved), name_rank=False)
     return agree(comm, lambda: plugin.make(seed, resolved))
 
 

@@ -85,10 +85,14 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Load or measure the profiles, then print (and optionally plot) the report on rank 0."""
     # Only rank 0 writes, so a node without matplotlib elsewhere must not fail the job.
     if args.plot:
-        agree(comm, lambda: comm.rank != 0 or require_matplotlib())
-        agree(comm, lambda: comm.rank != 0 or check_writable(args.plot, "--plot"))
+        agree(comm, lambda: comm.rank != 0 or require_matplotlib(), name_rank=False)
+        agree(comm, lambda: comm.rank != 0 or check_writable(args.plot, "--plot"), name_rank=False)
     if args.save_profiles and not args.profiles:
-        agree(comm, lambda: comm.rank != 0 or check_writable(args.save_profiles, "--save-profiles"))
+        agree(
+            comm,
+            lambda: comm.rank != 0 or check_writable(args.save_profiles, "--save-profiles"),
+            name_rank=False,
+        )
     if args.profiles:
         profiles = load_profiles_collective(comm, args.profiles)
     else:

@@ -6,8 +6,11 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 import traceback
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import TextIO
 
 import lbtrain
 from lbtrain.cli import balance_report, env, profile, train
@@ -64,6 +67,26 @@ def _error(message: object, comm: Communicator | None = None) -> None:
     print(f"lbtrain: error: {prefix}{text}", file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def _one_line_warnings() -> Iterator[None]:
+    """Show warnings as one ``lbtrain: warning: message`` line, not Python's source dump."""
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        text = " ".join(str(message).split())
+        print(f"lbtrain: warning: {text}", file=file or sys.stderr, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) -> int:
     """Run the `lbtrain` command line.
 
@@ -92,7 +115,8 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
             _error(exc)
             return 2
     try:
-        return int(args.run(args, comm) or 0)
+        with _one_line_warnings():
+            return int(args.run(args, comm) or 0)
     except TrainingDiverged as exc:
         # Every rank saw the same non-finite loss at the same step: a failed run, not a usage
         # error, so status 1.
@@ -111,14 +135,26 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         return 130
     except (CLIError, *USER_ERRORS) as exc:
         _error(exc, comm)
-        if comm.size > 1:
-            comm.abort(2)
+        _abort(comm, 2)
         return 2
     except Exception:
         traceback.print_exc()
-        if comm.size > 1:
-            comm.abort(1)
+        _abort(comm, 1)
         return 1
+
+
+# mpiexec may drop an aborting rank's last output when the abort overtakes the pipe (seen in
+# about 1 run in 100); a short pause after flushing lets the message reach the user.
+_ABORT_GRACE = 0.5
+
+
+def _abort(comm: Communicator, code: int) -> None:
+    """End every rank of a multi-rank job, after this rank's message has left."""
+    if comm.size > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(_ABORT_GRACE)
+        comm.abort(code)
 
 
 if __name__ == "__main__":

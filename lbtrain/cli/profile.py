@@ -64,7 +64,7 @@ def format_profiles(profiles: list[ReplicaProfile]) -> str:
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Profile all ranks and write the file on rank 0."""
-    agree(comm, lambda: comm.rank != 0 or check_writable(args.output, "--output"))
+    agree(comm, lambda: comm.rank != 0 or check_writable(args.output, "--output"), name_rank=False)
     profiles = run_profiling(args, comm)
     if comm.rank == 0:
         path = save_profiles(args.output, profiles)

@@ -17,7 +17,7 @@ from typing import Any
 from lbtrain.balancer import POLICIES
 from lbtrain.cli.common import positive_float, positive_int
 from lbtrain.comm import Communicator
-from lbtrain.session import agree
+from lbtrain.session import agree, root_value
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import (
     LR_SCHEDULES,
@@ -215,14 +215,21 @@ def _argparse_type(option: WorkloadOption) -> Any:
 
 
 def build_config(
-    given: dict[str, Any], plugin: WorkloadPlugin | None, base: dict[str, Any] | None = None
+    given: dict[str, Any],
+    plugin: WorkloadPlugin | None,
+    base: dict[str, Any] | None = None,
+    file: dict[str, Any] | None = None,
 ) -> TrainConfig:
-    """Layer base (a checkpoint's settings), the --config file and the given flags."""
+    """Layer base (a checkpoint's settings), the --config file and the given flags.
+
+    `file` is the --config file's contents when the caller has read it already.
+    """
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     option_names = {o.name for o in plugin.options} if plugin else set()
     layers: list[dict[str, Any]] = [dict(base or {})]
-    if "config" in given:
-        layers.append(dict(load_toml(given["config"])))
+    if file is None and "config" in given:
+        file = load_toml(given["config"])
+    layers.append(dict(file or {}))
     layers.append({k: v for k, v in given.items() if k not in ("config", "run")})
     merged: dict[str, Any] = {}
     options: dict[str, Any] = {}
@@ -257,6 +264,8 @@ def translate(message: str) -> str:
     for name in _FIELD_NAMES:
         message = re.sub(rf"(?<![\w-]){name}=", _flag(name) + " ", message)
         message = re.sub(rf"(?<![\w-]){name} (?=['\"])", _flag(name) + " ", message)
+        if "_" in name:  # no English word has an underscore: a bare global_batch is the flag
+            message = re.sub(rf"(?<![\w-]){name}\b", _flag(name), message)
     message = message.replace("global_batch_size=", "--global-batch ")
     return message
 
@@ -268,29 +277,20 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
 
     given = vars(args)
     try:
-        base = None
-        resume = given.get("resume")
-        if resume is None and "config" in given:
-            resume = agree(comm, lambda: load_toml(given["config"])).get("resume")
-        if resume:
-            base = agree(comm, lambda: _checkpoint_settings(resume, comm.rank))
-            base = comm.bcast(base, root=0)
-        spec = given.get("workload")
-        if spec is None and "config" in given:
-            spec = agree(comm, lambda: load_toml(given["config"])).get("workload")
-        if spec is None and base is not None:
-            spec = base.get("workload")  # the resumed run's, whose options the flags set
+        file = agree(comm, lambda: load_toml(given["config"])) if "config" in given else {}
+        resume = given.get("resume", file.get("resume"))
+        # The resumed run's settings are the defaults; rank 0 alone reads the checkpoint.
+        base = root_value(comm, lambda: _checkpoint_settings(resume)) if resume else None
+        spec = given.get("workload") or file.get("workload") or (base or {}).get("workload")
         plugin = agree(comm, lambda: get_plugin(spec or DEFAULT_TRAIN_WORKLOAD))
-        config = agree(comm, lambda: build_config(given, plugin, base))
+        config = agree(comm, lambda: build_config(given, plugin, base, file))
         result = train(config, comm)
     except CollectiveError as exc:
         raise type(exc)(translate(str(exc))) from None
     return result.exit_code
 
 
-def _checkpoint_settings(path: str, rank: int) -> dict[str, Any] | None:
-    if rank != 0:
-        return None
+def _checkpoint_settings(path: str) -> dict[str, Any]:
     settings = dict(load_checkpoint(find_checkpoint(path))["config"])
     for name in _NOT_INHERITED:
         settings.pop(name, None)

@@ -7,11 +7,9 @@ them by broadcast, so no shared file system is assumed.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -20,19 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from lbtrain.balancer import BalancePlan, plan_batches
 from lbtrain.comm import Communicator
 from lbtrain.data import balanced_loader
-from lbtrain.profiling import ProfileConfig, ReplicaProfile, build_report, format_report
+from lbtrain.profiling import build_report, format_report
 from lbtrain.profiling.record import profiles_to_dict
-from lbtrain.session import (
-    Replica,
-    agree,
-    build_workload,
-    load_profiles_collective,
-    profile_workload,
-    setup_replica,
-)
+from lbtrain.session import agree, build_workload, root_value, setup_replica
 from lbtrain.trainer.checkpoint import (
     CHECKPOINT_DIR,
     atomic_write_text,
@@ -45,7 +35,9 @@ from lbtrain.trainer.config import TrainConfig, save_toml
 from lbtrain.trainer.evaluate import evaluate, predict
 from lbtrain.trainer.loop import EpochRecord, FitResult, StopSignal, fit
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
+from lbtrain.trainer.planning import make_plan
 from lbtrain.trainer.progress import Progress
+from lbtrain.trainer.state import checkpoint_state, restore
 from lbtrain.trainer.summary import build_summary, format_summary, rank_totals
 from lbtrain.workloads import ArtifactContext, Workload
 
@@ -81,8 +73,8 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
         if show:
             print(text, flush=True)
 
-    checkpoint = _root_value(comm, lambda: _read_checkpoint(config.resume))
-    out = Path(_root_value(comm, lambda: _prepare_out(config, checkpoint)))
+    checkpoint = root_value(comm, lambda: _read_checkpoint(config.resume))
+    out = Path(root_value(comm, lambda: _prepare_out(config, checkpoint)))
     replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown)
     workload = build_workload(comm, config.workload, config.seed, config.workload_options)
     agree(comm, lambda: _check_trainable(workload, config, comm.size, checkpoint))
@@ -99,7 +91,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
          "threads": replica.assignment.threads, "slowdown": replica.slowdown.factor}
     )  # fmt: skip
     profile_started = time.perf_counter()
-    plan, profiles = _plan(comm, config, replica, workload, make_optimizer, checkpoint, devices)
+    plan, profiles = make_plan(comm, config, replica, workload, make_optimizer, checkpoint, devices)
     profile_seconds = time.perf_counter() - profile_started
     if profiles is not None:
         say(format_report(build_report(profiles, plan.global_batch_size, plan.policy,
@@ -127,7 +119,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
     history: list[EpochRecord] = []
     evaluations: list[dict[str, Any]] = []
     if checkpoint is not None:
-        position = _restore(checkpoint, model, optimizer, scheduler, comm, device)
+        position = restore(checkpoint, model, optimizer, scheduler, comm, device)
         history = [EpochRecord(**r) for r in checkpoint.get("history", [])]
         evaluations = list(checkpoint.get("evaluations", []))
         say(f"resumed from {checkpoint['path']} at epoch {position[0] + 1}, step {position[1]}")
@@ -148,7 +140,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
         )  # fmt: skip
 
     def snapshot(epoch: int, step: int, global_step: int) -> Path | None:
-        state = _checkpoint_state(
+        state = checkpoint_state(
             model, optimizer, scheduler, comm, device, epoch, step, global_step, plan,
             profiles, config, workload, devices, history, evaluations,
         )  # fmt: skip
@@ -182,9 +174,13 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
         saved = snapshot(result.epoch, result.step, result.global_step)
         saved = comm.bcast(str(saved) if saved else None, root=0)
         if comm.rank == 0:
+            where = (
+                f"in epoch {result.epoch + 1} after step {result.step}"
+                if result.step
+                else f"after epoch {result.epoch}"
+            )
             print(
-                f"stopped by a signal after epoch {result.epoch}, step {result.step}; "
-                f"checkpoint {saved}; continue with --resume {out}",
+                f"stopped by a signal {where}; checkpoint {saved}; continue with --resume {out}",
                 flush=True,
             )
         comm.barrier()
@@ -222,12 +218,6 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
     return TrainResult(out, metrics, summary, 0, final_path)
 
 
-def _root_value(comm: Communicator, make: Callable[[], Any]) -> Any:
-    """`make()` on rank 0 (its errors reach every rank), then its value on every rank."""
-    value = agree(comm, lambda: make() if comm.rank == 0 else None)
-    return comm.bcast(value, root=0)
-
-
 def _read_checkpoint(resume: str | None) -> dict[str, Any] | None:
     if not resume:
         return None
@@ -239,7 +229,11 @@ def _read_checkpoint(resume: str | None) -> dict[str, Any] | None:
 
 def _prepare_out(config: TrainConfig, checkpoint: dict[str, Any] | None) -> str:
     """Decide, check and create the output folder on rank 0, before any expensive work."""
-    resumed_run = Path(checkpoint["path"]).resolve().parent.parent if checkpoint else None
+    resumed_run = None
+    if checkpoint is not None:
+        folder = Path(checkpoint["path"]).resolve().parent
+        # A checkpoint kept outside a run's checkpoints/ folder starts a new run folder.
+        resumed_run = folder.parent if folder.name == CHECKPOINT_DIR else None
     if config.out:
         out = Path(config.out).expanduser()
     elif resumed_run is not None:
@@ -306,85 +300,6 @@ def _check_trainable(
             )
 
 
-def _plan(
-    comm: Communicator,
-    config: TrainConfig,
-    replica: Replica,
-    workload: Workload,
-    make_optimizer: Callable[..., torch.optim.Optimizer],
-    checkpoint: dict[str, Any] | None,
-    devices: list[dict[str, Any]],
-) -> tuple[BalancePlan, list[ReplicaProfile] | None]:
-    """The plan: the checkpoint's on the same ranks, a plan file, or profile and plan now."""
-    if checkpoint is not None:
-        same = checkpoint.get("devices") == devices
-        plan = BalancePlan.from_dict(checkpoint["plan"])
-        if same and plan.global_batch_size == config.global_batch:
-            saved = checkpoint.get("profiles")
-            return plan, [ReplicaProfile.from_dict(p) for p in saved] if saved else None
-        if comm.rank == 0 and not config.quiet:
-            print(
-                f"the checkpoint ran on {len(checkpoint.get('devices', []))} rank(s) "
-                f"({_device_list(checkpoint.get('devices', []))}), this job on {comm.size} "
-                f"({_device_list(devices)}): profiling and planning again; the update stays "
-                "exact, it does not depend on how the batch is split",
-                flush=True,
-            )
-    if config.plan:
-        data = _root_value(comm, lambda: _read_plan(config.plan))
-        plan = BalancePlan.from_dict(data)
-        agree(comm, lambda: _check_plan(plan, config, comm.size))
-        return plan, None
-    if config.profiles:
-        profiles = load_profiles_collective(comm, config.profiles)
-    else:
-        reference = max(1, config.global_batch // comm.size)
-        profile_config = agree(
-            comm,
-            lambda: ProfileConfig(
-                min_batch=min(16, reference),
-                max_batch=max(16, 2 * reference),
-                time_budget=config.time_budget,
-                seed=config.seed,
-                reference_batch=reference,
-            ),
-        )
-        profiles = profile_workload(comm, replica, workload, profile_config, make_optimizer)
-    plan = agree(
-        comm,
-        lambda: plan_batches(profiles, config.global_batch, config.policy,
-                             min_batch=config.min_batch),
-    )  # fmt: skip
-    return plan, profiles
-
-
-def _read_plan(path: str) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"plan {path!r} does not exist; check the path") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"plan {path!r} is not a readable plan JSON ({exc})") from None
-
-
-def _check_plan(plan: BalancePlan, config: TrainConfig, world_size: int) -> None:
-    if plan.world_size != world_size:
-        raise ValueError(
-            f"plan {config.plan!r} is for {plan.world_size} ranks but the job has {world_size}; "
-            f"launch {plan.world_size} ranks or plan again"
-        )
-    if plan.global_batch_size != config.global_batch:
-        raise ValueError(
-            f"plan {config.plan!r} shares a global batch of {plan.global_batch_size}, but "
-            f"global_batch={config.global_batch}; set global_batch to "
-            f"{plan.global_batch_size} or plan again"
-        )
-
-
-def _device_list(devices: list[dict[str, Any]]) -> str:
-    return ",".join(str(d.get("device")) for d in devices)
-
-
 def _broadcast_state(model: nn.Module, comm: Communicator) -> None:
     for tensor in model.state_dict().values():
         if tensor.is_contiguous():
@@ -393,69 +308,6 @@ def _broadcast_state(model: nn.Module, comm: Communicator) -> None:
             copy = tensor.contiguous()
             comm.broadcast_(copy, root=0)
             tensor.copy_(copy)
-
-
-def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _checkpoint_state(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    comm: Communicator,
-    device: torch.device,
-    epoch: int,
-    step: int,
-    global_step: int,
-    plan: BalancePlan,
-    profiles: list[ReplicaProfile] | None,
-    config: TrainConfig,
-    workload: Workload,
-    devices: list[dict[str, Any]],
-    history: list[EpochRecord],
-    evaluations: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """Everything needed to continue exactly; collective (it gathers every rank's RNG)."""
-    rng = comm.allgather(_rng_state(device))
-    return {
-        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "epoch": epoch,
-        "step": step,
-        "global_step": global_step,
-        "rng": rng,
-        "plan": plan.to_dict(),
-        "profiles": [p.to_dict() for p in profiles] if profiles else None,
-        "config": config.to_dict(),
-        "signature": dict(workload.signature),
-        "devices": devices,
-        "history": [dataclasses.asdict(r) for r in history],
-        "evaluations": evaluations,
-    }
-
-
-def _restore(
-    checkpoint: dict[str, Any],
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    comm: Communicator,
-    device: torch.device,
-) -> tuple[int, int, int]:
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    scheduler.load_state_dict(checkpoint["scheduler"])
-    rng = checkpoint.get("rng") or []
-    if len(rng) == comm.size:  # same world: each rank continues its own random stream
-        torch.set_rng_state(rng[comm.rank]["cpu"])
-        if device.type == "cuda" and "cuda" in rng[comm.rank]:
-            torch.cuda.set_rng_state(rng[comm.rank]["cuda"], device)
-    return int(checkpoint["epoch"]), int(checkpoint["step"]), int(checkpoint["global_step"])
 
 
 def _headline(metrics: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

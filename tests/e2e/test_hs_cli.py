@@ -1,4 +1,7 @@
-"""``python -m hyperspectral train`` run the way a user runs it."""
+"""``python -m hyperspectral``, an alias of ``lbtrain train --workload hyperspectral``.
+
+Run the way a user runs it, with the flags of the former single-process command.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +9,13 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hyperspectral.cli import main
+from hyperspectral.cli import PROG, main, translate_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,11 +37,37 @@ def _run(
     )
 
 
+def _error_line(err: str) -> str:
+    """The one error line of a failed run's stderr, after checking that it is the only one.
+
+    lbtrain's own errors are that line alone; argparse's come after its usage block.
+    """
+    assert "Traceback" not in err and err.endswith("\n"), err
+    lines = err.splitlines()
+    assert [line for line in lines if "error:" in line] == lines[-1:], err
+    before = lines[:-1]
+    if before:
+        assert before[0].startswith("usage: lbtrain train "), err
+        assert all(line.startswith(" ") for line in before[1:]), err
+        assert lines[-1].startswith("lbtrain train: error: argument --"), err
+    else:
+        assert lines[-1].startswith("lbtrain: error: "), err
+    return lines[-1]
+
+
+def _trained_pixels(out: Path) -> tuple[int, int]:
+    """(training, test) pixels of a finished run, from summary.json and metrics.json."""
+    summary = json.loads((out / "summary.json").read_text())
+    metrics = json.loads((out / "metrics.json").read_text())
+    return summary["epochs"][-1]["samples"], metrics["total"]
+
+
 def test_help_documents_every_option_with_its_default():
     res = _run("train", "--help")
     assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: lbtrain train ")
     for flag in (
-        "--scene",
+        "--dataset",
         "--data-dir",
         "--model",
         "--patch-size",
@@ -46,7 +76,7 @@ def test_help_documents_every_option_with_its_default():
         "--train-per-class",
         "--split",
         "--epochs",
-        "--batch-size",
+        "--global-batch",
         "--lr",
         "--seed",
         "--out",
@@ -60,6 +90,26 @@ def test_help_documents_every_option_with_its_default():
     assert "(default: 64)" in res.stdout and "hybridsn" in res.stdout
     # On-off flags and None defaults would read "(default: True)" / "(default: None)".
     assert "(default: True)" not in res.stdout and "(default: None)" not in res.stdout
+    assert "--download, --no-download" in res.stdout and "--map, --no-map" in res.stdout
+
+
+def test_legacy_flags_are_translated_and_other_commands_refused(capsys):
+    assert translate_argv(["--scene", "PaviaU", "--batch-size=8", "--out", "x"]) == [
+        "--dataset",
+        "PaviaU",
+        "--global-batch=8",
+        "--out",
+        "x",
+    ]
+    assert translate_argv(["--scene=synthetic", "--batch-size", "4"]) == [
+        "--dataset=synthetic",
+        "--global-batch",
+        "4",
+    ]
+    for argv in ([], ["evaluate"], ["--scene", "synthetic"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"usage: {PROG} train [OPTIONS]"), err
 
 
 def test_tiny_training_run_on_a_synthetic_scene(tmp_path):
@@ -84,18 +134,27 @@ def test_tiny_training_run_on_a_synthetic_scene(tmp_path):
         "0.2",
         "--seed",
         "1",
+        "--time-budget",
+        "1",
+        "--checkpoint-every",
+        "0",
         "--out",
         str(out),
     )
     assert res.returncode == 0, res.stderr + res.stdout
-    assert "epoch  15/15" in res.stdout
+    assert "epoch 15/15" in res.stdout
+    # The legacy flags reached lbtrain train under their new names.
+    config = tomllib.loads((out / "config.toml").read_text())
+    assert config["global_batch"] == 32 and config["workload_options"]["dataset"] == "synthetic"
     metrics = json.loads((out / "metrics.json").read_text())
     # Learned something: far above the 4-class chance level.
     assert metrics["oa"] > 0.6 and len(metrics["per_class_accuracy"]) == 4
     assert (out / "metrics.txt").read_text().startswith("  #  class")
     assert (out / "map.png").read_bytes()[:4] == b"\x89PNG"
+    train_pixels, test_pixels = _trained_pixels(out)
     with np.load(out / "split.npz") as split:
-        assert split["train"].size == metrics["train_pixels"]
+        assert split["train"].size == train_pixels and split["test"].size == test_pixels
+    assert f"{train_pixels} train / {test_pixels} test pixels" in res.stdout
 
 
 def test_short_run_on_real_indian_pines(tmp_path):
@@ -103,38 +162,44 @@ def test_short_run_on_real_indian_pines(tmp_path):
     out = tmp_path / "ip"
     res = _run(
         "train",
-        "--scene",
-        "IndianPines",
+        "--scene=IndianPines",
         "--model",
         "hu",
         "--epochs",
-        "20",
-        "--batch-size",
-        "64",
+        "12",
+        "--batch-size=64",
         "--lr",
         "0.003",
         "--threads",
         "2",
         "--no-download",
+        "--time-budget",
+        "1",
+        "--checkpoint-every",
+        "0",
         "--out",
         str(out),
         timeout=300,
     )
     assert res.returncode == 0, res.stderr + res.stdout
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["train_pixels"] == 1025 and metrics["test_pixels"] == 9224
+    assert _trained_pixels(out) == (1025, 9224)
     assert len(metrics["per_class_accuracy"]) == 16 and "Stone-Steel-Towers" in res.stdout
-    # A spectral-only model after 20 short epochs (about 64%): far above chance (1/16).
+    # A spectral-only model after 12 short epochs (about 60%): far above chance (1/16).
     assert metrics["oa"] > 0.5
+    # The workload's first line names the data it read: "hyperspectral: IndianPines
+    # (145, 145, 200) from SOURCE: 1025 train / 9224 test pixels, ...".
+    first = next(line for line in res.stdout.splitlines() if line.startswith("hyperspectral:"))
+    assert "1025 train / 9224 test pixels" in first
     env = os.environ.get("LBTRAIN_DATA")
     if env and (Path(env) / "Indian_pines_corrected.mat").is_file():
-        assert metrics["source"] == str(Path(env))
+        assert f" from {Path(env)}: " in first, first
     else:
-        assert "tensorly" in metrics["source"]
+        assert "tensorly" in first.split(" from ", 1)[1], first
     assert (out / "map.png").stat().st_size > 20_000
 
 
-def test_user_errors_exit_with_a_one_line_message(tmp_path):
+def test_user_errors_exit_with_a_one_line_message(tmp_path, capsys):
     res = _run(
         "train",
         "--scene",
@@ -147,20 +212,22 @@ def test_user_errors_exit_with_a_one_line_message(tmp_path):
         cache=tmp_path / "xdg",
     )
     assert res.returncode == 2
-    assert res.stderr.startswith("error: PaviaU.mat for scene PaviaU not found in")
-    res = _run("train", "--scene", "synthetic", "--model", "nope")
-    assert res.returncode == 2 and "invalid choice: 'nope'" in res.stderr
+    line = _error_line(res.stderr)
+    assert line.startswith("lbtrain: error: PaviaU.mat for scene PaviaU not found in"), line
+    assert main(["train", "--scene", "synthetic", "--model", "nope"]) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "--model 'nope' is unknown; choose one of hu, hamida, hybridsn" in line, line
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--patch-size", "4"], "--patch-size 4 must be a positive odd number"),
-        (["--pca", "500"], "pca_components=500 is out of range"),
-        (["--threads", "0"], "threads=0 must be >= 1"),
-        (["--split", "fixed"], "split 'fixed' needs per_class (--train-per-class)"),
-        (["--split-file", "/nonexistent/split.npz"], "cannot read split file"),
-        (["--dropout", "1"], "dropout=1.0 must be in [0, 1)"),
+        (["--patch-size", "4"], "--patch-size 4 is invalid; give an odd whole number >= 1"),
+        (["--pca", "500"], "--pca 500 is more than the 32 bands of synthetic"),
+        (["--threads", "0"], "argument --threads: 0 must be >= 1"),
+        (["--split", "fixed"], "--split fixed needs --train-per-class N"),
+        (["--split-file", "/no/split.npz"], "--split-file /no/split.npz: no such file"),
+        (["--dropout", "1"], "--dropout 1 is out of range; give a number in [0, 1)"),
     ],
 )
 def test_bad_values_give_one_line_and_status_2(args, message, tmp_path, capsys):
@@ -181,13 +248,13 @@ def test_bad_values_give_one_line_and_status_2(args, message, tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert status == 2
-    assert err.startswith("error: ") and message in err
-    assert err.count("\n") == 1 and "Traceback" not in err
+    assert message in _error_line(err), err
 
 
 def test_warnings_are_one_line_and_a_saved_split_is_reused(tmp_path, capsys):
     first, second = tmp_path / "a", tmp_path / "b"
     common = ["train", "--scene", "synthetic", "--model", "hu", "--epochs", "2", "--no-map"]
+    common += ["--threads", "1", "--time-budget", "1", "--quiet"]
     # The 48x48 synthetic scene has a few hundred pixels per class: 2000 caps them all.
     assert (
         main(
@@ -206,16 +273,14 @@ def test_warnings_are_one_line_and_a_saved_split_is_reused(tmp_path, capsys):
         == 0
     )
     err = capsys.readouterr().err
-    assert err.startswith("warning: class 1 has only") and "UserWarning" not in err
+    assert err.startswith("lbtrain: warning: class 1 has only") and "UserWarning" not in err
+    assert all(line.startswith("lbtrain: warning: class ") for line in err.splitlines()), err
     # A different seed and split kind, but the split file wins: the same pixels are used.
-    assert (
-        main(
-            [*common, "--split-file", str(first / "split.npz"), "--seed", "9", "--out", str(second)]
-        )
-        == 0
-    )
+    # (--plan: the first run's batch plan, so this run skips profiling.)
+    again = ["--split-file", str(first / "split.npz"), "--plan", str(first / "plan.json")]
+    assert main([*common, *again, "--seed", "9", "--out", str(second)]) == 0
     with np.load(first / "split.npz") as a, np.load(second / "split.npz") as b:
         np.testing.assert_array_equal(a["train"], b["train"])
         np.testing.assert_array_equal(a["test"], b["test"])
-    metrics = json.loads((second / "metrics.json").read_text())
-    assert metrics["config"]["split_file"] == str(first / "split.npz")
+    config = tomllib.loads((second / "config.toml").read_text())
+    assert config["workload_options"]["split_file"] == str(first / "split.npz")

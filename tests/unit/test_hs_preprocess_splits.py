@@ -199,11 +199,20 @@ def test_damaged_or_inconsistent_split_files_are_one_clear_line(scene, tmp_path)
 
 
 def test_disjoint_split_file_refuses_a_bigger_patch(scene, tmp_path):
-    from hyperspectral.train import TrainConfig, build_workload
+    from hyperspectral.datasets import get_scene
+    from hyperspectral.pipeline import prepare, split_scene
+    from hyperspectral.workload import build
 
     path = save_split(disjoint_split(scene.gt, 0.3, 3, seed=0), tmp_path / "d.npz")
-    bigger = TrainConfig(model="hamida", patch_size=7, split_file=str(path), epochs=1)
     with pytest.raises(ValueError, match="made for patch 3.*--patch-size is 7"):
-        build_workload(bigger, scene)
-    same = TrainConfig(model="hamida", patch_size=3, split_file=str(path), epochs=1)
-    assert build_workload(same, scene).patch_size == 3
+        split_scene(scene, "random", split_file=str(path), patch_size=7)
+    same = split_scene(scene, "random", split_file=str(path), patch_size=3)
+    assert same.meta["kind"] == "disjoint"
+    assert prepare(scene, same, 3, None).train_set[0][0].shape[-2:] == (3, 3)
+    # The same through the workload, on the generated scene it can load by name.
+    gt = get_scene("synthetic").gt
+    path = save_split(disjoint_split(gt, 0.3, 3, seed=0), tmp_path / "s.npz")
+    options = {"dataset": "synthetic", "model": "hamida", "split_file": str(path), "map": False}
+    with pytest.raises(ValueError, match="made for patch 3.*--patch-size is 7"):
+        build(patch_size=7, **options)
+    assert build(patch_size=3, **options).sample_shape[1:] == (3, 3)

@@ -1,0 +1,112 @@
+"""Where a run's plan comes from: a checkpoint on the same ranks, a plan file, or profiling.
+
+Every function here is collective: all ranks call it and get the same plan.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lbtrain.balancer import BalancePlan, plan_batches
+from lbtrain.comm import Communicator
+from lbtrain.profiling import ProfileConfig, ReplicaProfile
+from lbtrain.session import (
+    Replica,
+    agree,
+    load_profiles_collective,
+    profile_workload,
+    root_value,
+)
+from lbtrain.trainer.config import TrainConfig
+from lbtrain.workloads import Workload
+
+__all__ = ["make_plan"]
+
+
+def make_plan(
+    comm: Communicator,
+    config: TrainConfig,
+    replica: Replica,
+    workload: Workload,
+    make_optimizer: Callable[..., torch.optim.Optimizer],
+    checkpoint: dict[str, Any] | None,
+    devices: list[dict[str, Any]],
+) -> tuple[BalancePlan, list[ReplicaProfile] | None]:
+    """The plan: the checkpoint's on the same ranks, a plan file, or profile and plan now."""
+    if checkpoint is not None:
+        same = checkpoint.get("devices") == devices
+        plan = BalancePlan.from_dict(checkpoint["plan"])
+        if same and plan.global_batch_size == config.global_batch:
+            saved = checkpoint.get("profiles")
+            return plan, [ReplicaProfile.from_dict(p) for p in saved] if saved else None
+        if comm.rank == 0 and not config.quiet:
+            change = (
+                f"the global batch changed from {plan.global_batch_size} to {config.global_batch}"
+                if same
+                else f"the checkpoint ran on {len(checkpoint.get('devices', []))} rank(s) "
+                f"({_device_list(checkpoint.get('devices', []))}), this job on {comm.size} "
+                f"({_device_list(devices)})"
+            )
+            print(
+                f"{change}: profiling and planning again; the update stays exact, it does not "
+                "depend on how the batch is split",
+                flush=True,
+            )
+    if config.plan:
+        data = root_value(comm, lambda: _read_plan(config.plan))
+        plan = BalancePlan.from_dict(data)
+        agree(comm, lambda: _check_plan(plan, config, comm.size))
+        return plan, None
+    if config.profiles:
+        profiles = load_profiles_collective(comm, config.profiles)
+    else:
+        reference = max(1, config.global_batch // comm.size)
+        profile_config = agree(
+            comm,
+            lambda: ProfileConfig(
+                min_batch=min(16, reference),
+                max_batch=max(16, 2 * reference),
+                time_budget=config.time_budget,
+                seed=config.seed,
+                reference_batch=reference,
+            ),
+        )
+        profiles = profile_workload(comm, replica, workload, profile_config, make_optimizer)
+    plan = agree(
+        comm,
+        lambda: plan_batches(profiles, config.global_batch, config.policy,
+                             min_batch=config.min_batch),
+    )  # fmt: skip
+    return plan, profiles
+
+
+def _read_plan(path: str) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"plan {path!r} does not exist; check the path") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"plan {path!r} is not a readable plan JSON ({exc})") from None
+
+
+def _check_plan(plan: BalancePlan, config: TrainConfig, world_size: int) -> None:
+    if plan.world_size != world_size:
+        raise ValueError(
+            f"plan {config.plan!r} is for {plan.world_size} ranks but the job has {world_size}; "
+            f"launch {plan.world_size} ranks or plan again"
+        )
+    if plan.global_batch_size != config.global_batch:
+        raise ValueError(
+            f"plan {config.plan!r} shares a global batch of {plan.global_batch_size}, but "
+            f"global_batch={config.global_batch}; set global_batch to "
+            f"{plan.global_batch_size} or plan again"
+        )
+
+
+def _device_list(devices: list[dict[str, Any]]) -> str:
+    return ",".join(str(d.get("device")) for d in devices)
