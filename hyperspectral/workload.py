@@ -21,7 +21,6 @@ are in :mod:`hyperspectral.options`).
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from lbtrain.trainer.checkpoint import atomic_write
 from lbtrain.workloads import (
     ArtifactContext,
     ConfusionEvaluator,
@@ -212,17 +212,6 @@ def _check_split(split: Split, scene_gt: np.ndarray, names: tuple[str, ...], ori
     )
 
 
-def _atomic(path: Path, write: Callable[[Path], Any]) -> Path:
-    """Write through a hidden temporary file in the same folder, then rename over `path`."""
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 # ---------------------------------------------------------------------------------------
 # The plug-in's two steps.
 
@@ -365,8 +354,8 @@ def _artifacts_hook(
         # Printed too: the run summary that follows shows only OA, AA and kappa.
         print("\n" + table, end="", flush=True)
         written = [
-            _atomic(out / "metrics.txt", lambda p: p.write_text(table)),
-            _atomic(out / "split.npz", lambda p: save_split(split, p)),
+            atomic_write(out / "metrics.txt", lambda p: p.write_text(table)),
+            atomic_write(out / "split.npz", lambda p: save_split(split, p)),
         ]
         if draw_map and ctx.predictions is not None:
             predicted = np.asarray(ctx.predictions)
@@ -380,7 +369,7 @@ def _artifacts_hook(
                 f"AA {100 * metrics['aa']:.2f}%  kappa x100 {100 * metrics['kappa']:.2f}"
             )
             written.append(
-                _atomic(
+                atomic_write(
                     out / "map.png",
                     lambda p: save_map(
                         p, rgb, gt, predicted.reshape(shape), class_names, (0, 1, 2), title

@@ -182,17 +182,21 @@ def profile_workload(
     )
 
 
-def load_profiles_collective(comm: Communicator, path: str) -> list[ReplicaProfile]:
+def load_profiles_collective(
+    comm: Communicator, path: str, world_size: int | None = None
+) -> list[ReplicaProfile]:
     """Rank 0 reads a profiles file and every rank gets the profiles, or the same error.
 
-    Under mpiexec the file must describe as many ranks as the job has.
+    Args:
+        comm: the job's communicator.
+        path: the profiles JSON.
+        world_size: ranks the file must describe; default the job's under mpiexec, any
+            number in a one-process run (a report may describe another job). Training passes
+            its own world size, since it trains with one plan entry per rank.
     """
-    world_size = comm.size if comm.size > 1 else None
-
-    def read() -> list[dict] | None:
-        if comm.rank != 0:
-            return None
-        return [p.to_dict() for p in load_profiles(path, world_size=world_size)]
-
-    entries = comm.bcast(agree(comm, read), root=0)
+    if world_size is None and comm.size > 1:
+        world_size = comm.size
+    entries = root_value(
+        comm, lambda: [p.to_dict() for p in load_profiles(path, world_size=world_size)]
+    )
     return [ReplicaProfile.from_dict(entry) for entry in entries]

@@ -22,12 +22,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import Dataset
+
+from lbtrain.evaluation import ArtifactContext, ConfusionEvaluator, Evaluator
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -40,7 +41,6 @@ __all__ = [
     "WorkloadPlugin",
     "available_workloads",
     "get_plugin",
-    "get_workload",
     "keep_batch",
     "patch_cnn_workload",
     "register_workload",
@@ -55,88 +55,6 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def _default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9)
-
-
-class Evaluator(Protocol):
-    """Scores predictions into a state that ranks can sum, then summarises the total.
-
-    The state is a numpy array (a confusion matrix, counts), so a distributed evaluation is
-    one sum-allreduce of it: metrics such as kappa are not averages of per-rank values.
-    """
-
-    headline: tuple[str, ...]
-
-    def new_state(self) -> np.ndarray:
-        """An all-zero state."""
-
-    def update(self, state: np.ndarray, outputs: torch.Tensor, targets: torch.Tensor) -> None:
-        """Add one batch's (outputs, targets) to `state`, in place."""
-
-    def summarize(self, state: np.ndarray) -> dict[str, Any]:
-        """JSON-ready metrics of a (summed) state; keys in `headline` are shown to the user."""
-
-
-def _accuracy(confusion: np.ndarray) -> dict[str, Any]:
-    total = int(confusion.sum())
-    if total == 0:
-        raise ValueError("no evaluation samples were scored; the evaluation set is empty")
-    return {"accuracy": float(np.trace(confusion) / total), "total": total}
-
-
-class ConfusionEvaluator:
-    """Classification scored by a (K, K) confusion matrix: rows true class, columns predicted.
-
-    Args:
-        num_classes: K.
-        summarize: metrics of a summed confusion matrix; default overall accuracy.
-        headline: metric names to print at the end of training.
-    """
-
-    def __init__(
-        self,
-        num_classes: int,
-        summarize: Callable[[np.ndarray], dict[str, Any]] | None = None,
-        headline: tuple[str, ...] = ("accuracy",),
-    ) -> None:
-        if num_classes < 2:
-            raise ValueError(f"num_classes={num_classes} must be >= 2")
-        self.num_classes = num_classes
-        self._summarize = summarize or _accuracy
-        self.headline = headline
-
-    def new_state(self) -> np.ndarray:
-        """A zero (K, K) int64 matrix."""
-        return np.zeros((self.num_classes, self.num_classes), dtype=np.int64)
-
-    def update(self, state: np.ndarray, outputs: torch.Tensor, targets: torch.Tensor) -> None:
-        """Count (target, argmax) pairs of one batch into `state`."""
-        k = self.num_classes
-        pred = outputs.argmax(1).to("cpu", torch.int64)
-        true = targets.to("cpu", torch.int64)
-        counts = torch.bincount(true * k + pred, minlength=k * k)
-        state += counts.reshape(k, k).numpy()
-
-    def summarize(self, state: np.ndarray) -> dict[str, Any]:
-        """The metrics of a summed confusion matrix."""
-        return self._summarize(state)
-
-
-@dataclass(frozen=True)
-class ArtifactContext:
-    """What a workload's rank-0 artifact hook receives after the final evaluation.
-
-    Args:
-        out_dir: the run's output folder (exists).
-        metrics: the final metrics from the evaluator's `summarize`.
-        predictions: the model's class for every item of the workload's `predict_set`, in
-            order (None when the workload has no predict_set).
-        title: a short line naming the run, for figure titles.
-    """
-
-    out_dir: Path
-    metrics: Mapping[str, Any]
-    predictions: np.ndarray | None
-    title: str = ""
 
 
 @dataclass(frozen=True)
@@ -453,22 +371,3 @@ def get_plugin(spec: str) -> WorkloadPlugin:
             "lbtrain.workloads.WorkloadPlugin"
         )
     return _plain(factory)
-
-
-def get_workload(spec: str, seed: int = 0, options: Mapping[str, Any] | None = None) -> Workload:
-    """Resolve `--workload` and build it with its default options (or `options`).
-
-    Args:
-        spec: the workload specification.
-        seed: seed of the workload's data and model (plug-ins with options use it).
-        options: values of the workload's own options, over their defaults.
-
-    Returns:
-        The Workload built by the factory.
-    """
-    try:
-        return get_plugin(spec).make(seed, options)
-    except ValueError as exc:
-        if str(exc).startswith("--workload"):
-            raise
-        raise ValueError(f"--workload {spec!r}: {exc}") from exc

@@ -130,8 +130,8 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         return 2
     except KeyboardInterrupt:
         # Ctrl-C outside training steps (profiling, evaluation): no traceback, status 130.
-        if comm.rank == 0:
-            print("lbtrain: interrupted", file=sys.stderr, flush=True)
+        print("lbtrain: interrupted", file=sys.stderr, flush=True)
+        _abort(comm, 130)  # ranks not interrupted would wait in their next collective call
         return 130
     except (CLIError, *USER_ERRORS) as exc:
         _error(exc, comm)

@@ -277,7 +277,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
 
     given = vars(args)
     try:
-        file = agree(comm, lambda: load_toml(given["config"])) if "config" in given else {}
+        file = root_value(comm, lambda: load_toml(given["config"])) if "config" in given else {}
         resume = given.get("resume", file.get("resume"))
         # The resumed run's settings are the defaults; rank 0 alone reads the checkpoint.
         base = root_value(comm, lambda: _checkpoint_settings(resume)) if resume else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lbtrain.balancer import BalancePlan, plan_batches
@@ -116,4 +117,7 @@ def balanced_loader(
         num_workers=num_workers,
         collate_fn=collate_fn,
         pin_memory=pin_memory,
+        # Each iter() of a DataLoader draws a seed from its generator; with torch's global one
+        # that would shift every dropout mask after it, and so change a resumed run.
+        generator=torch.Generator().manual_seed(seed),
     )

@@ -12,6 +12,7 @@ import io
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 
 __all__ = [
     "CHECKPOINT_DIR",
+    "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
     "checkpoint_name",
@@ -32,21 +34,32 @@ CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write `data` to `path` through a temporary file, fsync and rename."""
+def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], Any]) -> Path:
+    """Have `write(temporary_path)` write the file, then fsync it and rename it to `path`.
+
+    The temporary file sits in the same folder and ends in the same suffix, so writers that
+    pick a format from the extension (numpy's savez, matplotlib's savefig) behave alike.
+    """
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}",
+                                    dir=path.parent)  # fmt: skip
+    os.close(handle)
+    temporary = Path(name)
     try:
-        with os.fdopen(handle, "wb") as file:
-            file.write(data)
-            file.flush()
+        write(temporary)
+        with temporary.open("rb+") as file:
             os.fsync(file.fileno())
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)
     return path
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write `data` to `path` through a temporary file, fsync and rename."""
+    return atomic_write(path, lambda temporary: temporary.write_bytes(data))
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:

@@ -46,8 +46,12 @@ def _batches(
     dataset: Dataset, start: int, stop: int, batch_size: int, collate_fn: Callable | None
 ) -> DataLoader:
     # A Subset keeps a dataset's vectorised __getitems__, so a batch is one indexing call.
+    # Its own generator: evaluating must not draw from the RNG that training's dropout uses.
     return DataLoader(
-        Subset(dataset, range(start, stop)), batch_size=batch_size, collate_fn=collate_fn
+        Subset(dataset, range(start, stop)),
+        batch_size=batch_size,
+        collate_fn=collate_fn,
+        generator=torch.Generator(),
     )
 
 

@@ -119,8 +119,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
     history: list[EpochRecord] = []
     evaluations: list[dict[str, Any]] = []
     if checkpoint is not None:
-        position = restore(checkpoint, model, optimizer, scheduler, comm, device)
-        history = [EpochRecord(**r) for r in checkpoint.get("history", [])]
+        position, history = restore(checkpoint, model, optimizer, scheduler, comm, device)
         evaluations = list(checkpoint.get("evaluations", []))
         say(f"resumed from {checkpoint['path']} at epoch {position[0] + 1}, step {position[1]}")
     if comm.rank == 0:
@@ -139,14 +138,17 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
             batch_size=config.eval_batch, collate_fn=workload.collate_fn,
         )  # fmt: skip
 
+    last: dict[str, Any] = {"step": None, "path": None}  # the newest checkpoint of this run
+
     def snapshot(epoch: int, step: int, global_step: int) -> Path | None:
         state = checkpoint_state(
             model, optimizer, scheduler, comm, device, epoch, step, global_step, plan,
             profiles, config, workload, devices, history, evaluations,
         )  # fmt: skip
-        if comm.rank != 0:
-            return None
-        return save_checkpoint(out / CHECKPOINT_DIR, state, config.keep)
+        last["step"] = global_step
+        if comm.rank == 0:
+            last["path"] = save_checkpoint(out / CHECKPOINT_DIR, state, config.keep)
+        return last["path"]
 
     def after_epoch(record: EpochRecord, global_step: int) -> None:
         history.append(record)
@@ -195,10 +197,10 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
             unit=workload.predict_unit, batch_size=config.eval_batch,
             collate_fn=workload.collate_fn,
         )  # fmt: skip
-    # Decided alike on every rank: writing a checkpoint is collective (it gathers RNG states).
-    if not (config.checkpoint_every and config.epochs % config.checkpoint_every == 0):
+    # last["step"] is the same on every rank, so all take the collective snapshot or none.
+    if last["step"] != result.global_step:
         snapshot(config.epochs, 0, result.global_step)
-    final_path = list_checkpoints(out / CHECKPOINT_DIR)[-1] if comm.rank == 0 else None
+    final_path = last["path"]
     totals = rank_totals(comm, history)
     summary = build_summary(
         plan=plan, devices=devices, history=history, evaluations=evaluations, totals=totals,
@@ -246,6 +248,18 @@ def _prepare_out(config: TrainConfig, checkpoint: dict[str, Any] | None) -> str:
             suffix += 1
     if out.exists() and not out.is_dir():
         raise ValueError(f"out {str(out)!r} is a file, not a folder; name a folder")
+    if resumed_run is not None and out.resolve() == resumed_run:
+        newer = [
+            p.name
+            for p in list_checkpoints(out / CHECKPOINT_DIR)
+            if p.name > Path(checkpoint["path"]).name  # type: ignore[index]
+        ]
+        if newer:
+            raise ValueError(
+                f"resume {checkpoint['path']!r} is older than {', '.join(newer)} in the same "  # type: ignore[index]
+                "run; continuing there would mix two histories: set out=NEW_FOLDER, or "
+                "resume from the newest checkpoint"
+            )
     held = [name for name in RUN_FILES if (out / name).exists()]
     if held and (resumed_run is None or out.resolve() != resumed_run):
         raise ValueError(
@@ -287,6 +301,7 @@ def _check_trainable(
     if len(workload.eval_set) == 0:  # type: ignore[arg-type]
         raise ValueError("the evaluation set is empty; the workload's split left no test data")
     if checkpoint is not None:
+        _check_resumable(config, checkpoint)
         theirs, ours = dict(checkpoint.get("signature", {})), dict(workload.signature)
         if theirs != ours:
             diff = ", ".join(
@@ -308,6 +323,45 @@ def _broadcast_state(model: nn.Module, comm: Communicator) -> None:
             copy = tensor.contiguous()
             comm.broadcast_(copy, root=0)
             tensor.copy_(copy)
+
+
+# Settings a resumed run must keep: its optimizer state, schedule, data order and split were
+# made under them, so a change would silently not apply or train on test pixels.
+_KEPT_ON_RESUME = (
+    "optimizer", "lr", "momentum", "weight_decay", "lr_schedule", "lr_step_epochs", "lr_gamma",
+    "seed", "weighting",
+)  # fmt: skip
+
+
+def _check_resumable(config: TrainConfig, checkpoint: dict[str, Any]) -> None:
+    theirs = dict(checkpoint.get("config", {}))
+    for name in _KEPT_ON_RESUME:
+        if name in theirs and theirs[name] != getattr(config, name):
+            raise ValueError(
+                f"resume {checkpoint['path']!r} was trained with {name}={theirs[name]!r}, this "
+                f"run asks for {name}={getattr(config, name)!r}; leave it out to continue, or "
+                "start a new run"
+            )
+    old_options, new_options = theirs.get("workload_options", {}), config.workload_options
+    for name in sorted(set(old_options) | set(new_options)):
+        if old_options.get(name) != new_options.get(name):
+            raise ValueError(
+                f"resume {checkpoint['path']!r} was trained with the workload option "
+                f"{name}={old_options.get(name)!r}, this run asks for "
+                f"{name}={new_options.get(name)!r}; leave it out to continue, or start a new run"
+            )
+    if int(checkpoint["epoch"]) > config.epochs:
+        raise ValueError(
+            f"resume {checkpoint['path']!r} is already at epoch {checkpoint['epoch']}, beyond "
+            f"epochs={config.epochs}; give epochs of at least {checkpoint['epoch']}"
+        )
+    saved_batch = int(checkpoint["plan"]["global_batch_size"])
+    if int(checkpoint["step"]) and saved_batch != config.global_batch:
+        raise ValueError(
+            f"resume {checkpoint['path']!r} stopped mid-epoch with global_batch={saved_batch}; "
+            f"continue with that global_batch (asked: {config.global_batch}), or resume from "
+            "a checkpoint taken at the end of an epoch"
+        )
 
 
 def _headline(metrics: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

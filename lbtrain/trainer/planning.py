@@ -63,7 +63,7 @@ def make_plan(
         agree(comm, lambda: _check_plan(plan, config, comm.size))
         return plan, None
     if config.profiles:
-        profiles = load_profiles_collective(comm, config.profiles)
+        profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
     else:
         reference = max(1, config.global_batch // comm.size)
         profile_config = agree(

@@ -42,8 +42,10 @@ def checkpoint_state(
     history: list[EpochRecord],
     evaluations: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """Everything needed to continue exactly; collective (it gathers every rank's RNG)."""
+    """Everything needed to continue exactly; collective (it gathers every rank's RNG state
+    and timing history, so a resumed run reports each rank's own times)."""
     rng = comm.allgather(_rng_state(device))
+    histories = comm.allgather([dataclasses.asdict(r) for r in history])
     return {
         "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
         "optimizer": optimizer.state_dict(),
@@ -57,7 +59,7 @@ def checkpoint_state(
         "config": config.to_dict(),
         "signature": dict(workload.signature),
         "devices": devices,
-        "history": [dataclasses.asdict(r) for r in history],
+        "histories": histories,
         "evaluations": evaluations,
     }
 
@@ -69,13 +71,25 @@ def restore(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     comm: Communicator,
     device: torch.device,
-) -> tuple[int, int, int]:
+) -> tuple[tuple[int, int, int], list[EpochRecord]]:
+    """Load a checkpoint into the model, optimizer and schedule; on the same world size also
+    each rank's RNG stream and timing history.
+
+    Returns:
+        (epoch, step, global_step) to continue from, and this rank's earlier epoch records
+        (none when the world size changed: earlier per-rank times no longer map to ranks).
+    """
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     scheduler.load_state_dict(checkpoint["scheduler"])
     rng = checkpoint.get("rng") or []
+    histories = checkpoint.get("histories") or []
+    history: list[EpochRecord] = []
     if len(rng) == comm.size:  # same world: each rank continues its own random stream
         torch.set_rng_state(rng[comm.rank]["cpu"])
         if device.type == "cuda" and "cuda" in rng[comm.rank]:
             torch.cuda.set_rng_state(rng[comm.rank]["cuda"], device)
-    return int(checkpoint["epoch"]), int(checkpoint["step"]), int(checkpoint["global_step"])
+    if len(histories) == comm.size:
+        history = [EpochRecord(**record) for record in histories[comm.rank]]
+    position = int(checkpoint["epoch"]), int(checkpoint["step"]), int(checkpoint["global_step"])
+    return position, history

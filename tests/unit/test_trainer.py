@@ -268,3 +268,19 @@ def test_confusion_evaluator_counts_pairs():
     assert evaluator.summarize(state)["accuracy"] == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="no evaluation samples"):
         evaluator.summarize(np.zeros((3, 3), dtype=np.int64))
+
+
+def test_loaders_leave_the_global_random_stream_alone():
+    # Dropout draws from torch's global generator; a loader that drew from it too would make
+    # a resumed run (or one that evaluates more often) train with other masks.
+    data = TensorDataset(torch.randn(10, 2), torch.zeros(10, dtype=torch.long))
+    loader = balanced_loader([1.0, 2.0], data, global_batch_size=4, rank=1)
+    model = nn.Linear(2, 2)
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    for _ in loader:
+        pass
+    evaluate(model, data, ConfusionEvaluator(2), SingleProcessCommunicator(), [1.0],
+             device=torch.device("cpu"))  # fmt: skip
+    assert torch.equal(torch.rand(3), expected)

@@ -1,0 +1,100 @@
+"""`lbtrain train` in one process: what a resumed run may and may not change, and plan inputs.
+
+In-process (`lbtrain.cli.main.main`) with the tiny deterministic workload of
+tests/fixtures/faulty.py, so each run takes about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from lbtrain import SingleProcessCommunicator
+from lbtrain.cli.main import main
+from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
+
+BASE = [
+    "train", "--workload", "tests.fixtures.faulty:plugin", "--global-batch", "40",
+    "--threads", "1", "--time-budget", "0.5", "--quiet",
+]  # fmt: skip
+
+
+def _train(capsys, *args: str) -> tuple[int, str, str]:
+    code = main([*BASE, *args], comm=SingleProcessCommunicator())
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_error(code: int, err: str, *needles: str) -> None:
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture
+def two_epochs(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = _train(capsys, "--epochs", "2", "--out", str(out))
+    assert code == 0, err
+    return out
+
+
+def test_a_resumed_run_refuses_a_new_learning_rate_or_optimizer(two_epochs, capsys):
+    for args, needles in (
+        (["--lr", "0.5"], ("--lr 0.001", "--lr 0.5", "leave it out")),
+        (["--optimizer", "sgd"], ("--optimizer 'adam'", "'sgd'")),
+        (["--seed", "3"], ("--seed 0", "--seed 3")),
+    ):
+        code, _, err = _train(capsys, "--resume", str(two_epochs), "--epochs", "3", *args)
+        _one_error(code, err, *needles)
+    # Leaving them out continues the run in its own folder.
+    code, _, err = _train(capsys, "--resume", str(two_epochs), "--epochs", "3")
+    assert code == 0, err
+    assert load_checkpoint(list_checkpoints(two_epochs / "checkpoints")[-1])["epoch"] == 3
+
+
+def test_resuming_fewer_epochs_than_done_is_refused(two_epochs, capsys):
+    code, _, err = _train(capsys, "--resume", str(two_epochs), "--epochs", "1")
+    _one_error(code, err, "already at epoch 2", "--epochs 1")
+
+
+def test_an_older_checkpoint_cannot_continue_in_a_folder_with_newer_ones(two_epochs, capsys):
+    older, newer = list_checkpoints(two_epochs / "checkpoints")
+    code, _, err = _train(capsys, "--resume", str(older), "--epochs", "2")
+    _one_error(code, err, older.name, newer.name, "--out")
+
+
+def test_a_finished_run_resumed_into_a_new_folder_gets_its_own_final_checkpoint(
+    two_epochs, tmp_path, capsys
+):
+    fresh = tmp_path / "again"
+    code, _, err = _train(capsys, "--resume", str(two_epochs), "--out", str(fresh))
+    assert code == 0, err
+    (final,) = list_checkpoints(fresh / "checkpoints")
+    assert torch.equal(
+        load_checkpoint(final)["model"]["0.weight"],
+        load_checkpoint(list_checkpoints(two_epochs / "checkpoints")[-1])["model"]["0.weight"],
+    )
+    assert json.loads((fresh / "metrics.json").read_text())["accuracy"] > 0
+
+
+def test_profiles_of_another_world_size_are_refused(two_epochs, tmp_path, capsys):
+    profiles = json.loads((two_epochs / "profiles.json").read_text())
+    profiles["profiles"], profiles["world_size"] = profiles["profiles"] * 3, 3
+    for rank, entry in enumerate(profiles["profiles"]):
+        entry["rank"] = rank
+    path = tmp_path / "three.json"
+    path.write_text(json.dumps(profiles))
+    code, _, err = _train(capsys, "--profiles", str(path), "--out", str(tmp_path / "p"))
+    _one_error(code, err, str(path), "3")
+    # The job's own profiles file is fine.
+    shutil.copy(two_epochs / "profiles.json", tmp_path / "one.json")
+    code, _, err = _train(
+        capsys, "--profiles", str(tmp_path / "one.json"), "--epochs", "1", "--out",
+        str(tmp_path / "q"),
+    )  # fmt: skip
+    assert code == 0, err
