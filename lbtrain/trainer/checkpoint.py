@@ -49,12 +49,20 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], Any]) -> 
         write(temporary)
         with temporary.open("rb+") as file:
             os.fsync(file.fileno())
+        # mkstemp makes the file private (0600); give it what open() would have given.
+        temporary.chmod(0o666 & ~_umask())
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
     _fsync_folder(path.parent)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 
 import numpy as np
 import pytest
@@ -98,6 +99,13 @@ def test_checkpoints_are_atomic_pruned_and_found(tmp_path):
         find_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
         find_checkpoint(tmp_path / "nowhere")
+
+
+def test_outputs_get_the_usual_permissions_not_mkstemps_private_ones(tmp_path):
+    path = atomic_write_text(tmp_path / "summary.json", "{}")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask
 
 
 def test_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
