@@ -21,6 +21,7 @@ are in :mod:`hyperspectral.options`).
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -329,6 +330,8 @@ def build(seed: int = 0, **options: Any) -> Workload:
             "bands": channels,
             "num_classes": classes,
             "split": split.meta.get("kind", opts["split"]),
+            # The exact pixels: resuming on another split would score trained-on pixels.
+            "split_digest": _digest(split),
         },
         description=(
             f"{scene.name} {scene.cube.shape} from {scene.source}: {len(data.train_set)} train "
@@ -336,6 +339,15 @@ def build(seed: int = 0, **options: Any) -> Workload:
             f"patch {patch}"
         ),
     )
+
+
+def _digest(split: Split) -> str:
+    """A short fingerprint of which pixels train and which test."""
+    h = hashlib.sha256()
+    for part in (split.train, split.test):
+        h.update(np.ascontiguousarray(np.sort(part), dtype=np.int64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]
 
 
 def _artifacts_hook(

@@ -342,14 +342,6 @@ def _check_resumable(config: TrainConfig, checkpoint: dict[str, Any]) -> None:
                 f"run asks for {name}={getattr(config, name)!r}; leave it out to continue, or "
                 "start a new run"
             )
-    old_options, new_options = theirs.get("workload_options", {}), config.workload_options
-    for name in sorted(set(old_options) | set(new_options)):
-        if old_options.get(name) != new_options.get(name):
-            raise ValueError(
-                f"resume {checkpoint['path']!r} was trained with the workload option "
-                f"{name}={old_options.get(name)!r}, this run asks for "
-                f"{name}={new_options.get(name)!r}; leave it out to continue, or start a new run"
-            )
     if int(checkpoint["epoch"]) > config.epochs:
         raise ValueError(
             f"resume {checkpoint['path']!r} is already at epoch {checkpoint['epoch']}, beyond "

@@ -147,6 +147,7 @@ def test_build_is_consistent_with_the_scene_and_its_datasets():
     assert work.collate_fn is keep_batch
     assert isinstance(work.evaluator, ConfusionEvaluator)
     assert work.evaluator.headline == ("oa", "aa", "kappa")
+    digest = work.signature.pop("split_digest")
     assert work.signature == {
         "dataset": "synthetic",
         "model": "hamida",
@@ -155,6 +156,9 @@ def test_build_is_consistent_with_the_scene_and_its_datasets():
         "num_classes": 4,
         "split": "random",
     }
+    # Another split (here: another seed) of the same scene has another fingerprint.
+    other = _build(seed=1, patch_size=7, map=True)
+    assert other.signature["split_digest"] != digest
     assert "synthetic" in work.description and "patch 7" in work.description
     logits = work.build_model()(work.train_set.batch(torch.arange(3))[0])
     assert logits.shape == (3, work.num_classes)
