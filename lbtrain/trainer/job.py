@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -123,6 +124,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
         evaluations = list(checkpoint.get("evaluations", []))
         say(f"resumed from {checkpoint['path']} at epoch {position[0] + 1}, step {position[1]}")
     if comm.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
         save_toml(out / "config.toml", config)
         atomic_write_text(out / "plan.json", plan.to_json() + "\n")
         if profiles is not None:
@@ -266,16 +268,20 @@ def _prepare_out(config: TrainConfig, checkpoint: dict[str, Any] | None) -> str:
             f"out {str(out)!r} already holds a run ({', '.join(held)}); choose a new folder, "
             f"or continue that run with resume {str(out)!r}"
         )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".lbtrain-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
+    # Checked now, created only once the plan stands, so a run refused while it starts
+    # leaves no empty folder behind.
+    existing = out
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
         raise ValueError(
-            f"out {str(out)!r} cannot be written ({exc.strerror or exc}); choose a folder you "
-            "can write to"
-        ) from None
+            f"out {str(out)!r} cannot be written: {str(existing)!r} is a file; name a folder"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"out {str(out)!r} cannot be written ({str(existing)!r} is not writable); choose "
+            "a folder you can write to"
+        )
     return str(out)
 
 

@@ -59,8 +59,7 @@ def make_plan(
             )
     if config.plan:
         data = root_value(comm, lambda: _read_plan(config.plan))
-        plan = BalancePlan.from_dict(data)
-        agree(comm, lambda: _check_plan(plan, config, comm.size))
+        plan = agree(comm, lambda: _plan_from(data, config, comm.size))
         return plan, None
     if config.profiles:
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
@@ -92,6 +91,20 @@ def _read_plan(path: str) -> dict[str, Any]:
         raise ValueError(f"plan {path!r} does not exist; check the path") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"plan {path!r} is not a readable plan JSON ({exc})") from None
+
+
+def _plan_from(data: Any, config: TrainConfig, world_size: int) -> BalancePlan:
+    try:
+        plan = BalancePlan.from_dict(data)
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            f"plan {config.plan!r} is not a plan.json written by lbtrain (missing or wrong "
+            f"field: {exc}); use the plan.json of an earlier run"
+        ) from None
+    except ValueError as exc:
+        raise ValueError(f"plan {config.plan!r}: {exc}") from None
+    _check_plan(plan, config, world_size)
+    return plan
 
 
 def _check_plan(plan: BalancePlan, config: TrainConfig, world_size: int) -> None:

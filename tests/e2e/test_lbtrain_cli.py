@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.mpi.launch import mpiexec_path
+from tests.mpi.launch import lbtrain_command, mpiexec_path
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "profiles_3ranks.json"
-
-
-def _lbtrain() -> list[str]:
-    """The installed console script when there is one, else `python -m lbtrain`."""
-    script = Path(sys.executable).parent / "lbtrain"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("lbtrain")
-    return [found] if found else [sys.executable, "-m", "lbtrain"]
 
 
 def _run(command: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -36,7 +25,7 @@ def _run(command: list[str], timeout: float = 120) -> subprocess.CompletedProces
 def test_balance_report_from_a_profiles_file():
     result = _run(
         [
-            *_lbtrain(),
+            *lbtrain_command(),
             "balance-report",
             "--profiles",
             str(FIXTURE),
@@ -52,21 +41,21 @@ def test_balance_report_from_a_profiles_file():
     cost = data["policies"]["cost"]
     assert [r["batch_size"] for r in cost["ranks"]] == [180, 84, 36]
     assert cost["predicted_step_time"] == pytest.approx(0.1728)
-    table = _run([*_lbtrain(), "balance-report", "--profiles", str(FIXTURE)])
+    table = _run([*lbtrain_command(), "balance-report", "--profiles", str(FIXTURE)])
     assert table.returncode == 0, table.stderr
     assert "policy cost" in table.stdout and "speedup vs equal" in table.stdout
 
 
 def test_missing_profiles_file_is_one_line_and_exit_2(tmp_path):
     missing = tmp_path / "nope.json"
-    result = _run([*_lbtrain(), "balance-report", "--profiles", str(missing)])
+    result = _run([*lbtrain_command(), "balance-report", "--profiles", str(missing)])
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and str(missing) in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_env_prints_versions_and_world():
-    result = _run([*_lbtrain(), "env"])
+    result = _run([*lbtrain_command(), "env"])
     assert result.returncode == 0, result.stderr
     for needle in ("torch:", "mpi4py:", "MPI library:", "world size:", "rank 0:"):
         assert needle in result.stdout, needle
@@ -79,7 +68,7 @@ def test_profile_under_mpiexec_writes_one_record_per_rank(tmp_path):
             mpiexec_path(),
             "-n",
             "2",
-            *_lbtrain(),
+            *lbtrain_command(),
             "profile",
             "--time-budget",
             "1",

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["SCRIPTS", "mpiexec_path", "run_mpi"]
+__all__ = ["SCRIPTS", "lbtrain_command", "mpiexec_path", "run_mpi"]
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
@@ -24,6 +24,15 @@ def mpiexec_path() -> str:
     if found is None:
         raise RuntimeError("no mpiexec found: run `make venv` (it installs the mpich wheel)")
     return found
+
+
+def lbtrain_command() -> list[str]:
+    """The installed `lbtrain` console script, as a user runs it, else `python -m lbtrain`."""
+    script = Path(sys.executable).parent / "lbtrain"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("lbtrain")
+    return [found] if found else [sys.executable, "-m", "lbtrain"]
 
 
 def run_mpi(

@@ -14,10 +14,8 @@ With 200 training samples and a global batch of 40, an epoch is 5 steps.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,7 +25,7 @@ import torch
 from lbtrain.balancer import plan_batches
 from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
 from lbtrain.trainer.config import load_toml
-from tests.mpi.launch import REPO, mpiexec_path
+from tests.mpi.launch import REPO, lbtrain_command, mpiexec_path
 
 FAULTY = "tests.fixtures.faulty:plugin"
 BATCH = 40  # 200 training samples: 5 steps per epoch
@@ -43,15 +41,6 @@ def _plan(folder: Path, throughputs: list[float]) -> Path:
     return path
 
 
-def _lbtrain() -> list[str]:
-    """The installed console script, as a user runs it, else `python -m lbtrain`."""
-    script = Path(sys.executable).parent / "lbtrain"
-    if script.exists():
-        return [str(script)]
-    found = shutil.which("lbtrain")
-    return [found] if found else [sys.executable, "-m", "lbtrain"]
-
-
 def _faulty(*args: str) -> list[str]:
     return ["--workload", FAULTY, "--global-batch", str(BATCH), "--threads", "1", *args]
 
@@ -65,7 +54,7 @@ class Job:
         self.stdout_path = folder / f"stdout-{time.monotonic_ns()}.txt"
         self.stderr_path = self.stdout_path.with_name("stderr" + self.stdout_path.name[6:])
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        command = [mpiexec_path(), "-n", str(ranks), *_lbtrain(), "train", *args]
+        command = [mpiexec_path(), "-n", str(ranks), *lbtrain_command(), "train", *args]
         with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
             self.process = subprocess.Popen(
                 command, stdout=out, stderr=err, env=env, cwd=folder, start_new_session=True
