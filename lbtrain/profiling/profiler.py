@@ -348,7 +348,11 @@ def profile_replica(
                     try_step=train_step,
                     start=sizes[-1],
                     time_left=lambda: config.time_budget - elapsed(),
-                    predicted_time=lambda b: slowdown.factor * (fit.alpha + fit.beta * b),
+                    # The timed steps include the emulated sleep, so the fitted line
+                    # already is a slowed rank's step time: no second slowdown factor.
+                    # (Probe steps do not sleep; forecasting the slowed time stops an
+                    # emulated rank where a device that much slower would stop.)
+                    predicted_time=lambda b: fit.alpha + fit.beta * b,
                 )
     finally:
         batches.clear()

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
+import numpy as np
 import pytest
 import torch
 
-from lbtrain import SingleProcessCommunicator
+from lbtrain import MPICommunicator, SingleProcessCommunicator
 from lbtrain.devices import (
     NodeLayout,
     assign_devices,
@@ -152,27 +156,154 @@ def test_profiling_on_a_gpu_finds_a_cap_and_leaves_the_model_alone():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-@needs_cuda
-def test_mpi_communicator_stages_cuda_tensors_through_pinned_host_memory():
-    from lbtrain.comm import MPICommunicator
+class FakeMPI:
+    """Stands in for mpi4py.MPI: the names MPICommunicator passes to its collectives."""
 
-    class OneRank:
-        """Enough of an mpi4py communicator for a world of one: Allreduce leaves data as is."""
+    IN_PLACE = object()
+    SUM = object()
 
-        def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
-            return 0
 
-        def Get_size(self) -> int:  # noqa: N802
-            return 1
+@pytest.fixture
+def fake_mpi(monkeypatch):
+    """`from mpi4py import MPI` gives FakeMPI: no MPI library is started in the test process."""
+    module = types.ModuleType("mpi4py")
+    module.MPI = FakeMPI
+    monkeypatch.setitem(sys.modules, "mpi4py", module)
 
-        def Allreduce(self, sendbuf, recvbuf, op=None) -> None:  # noqa: N802
-            recvbuf[...] = recvbuf * 1
 
-    pytest.importorskip("mpi4py")
-    comm = MPICommunicator(OneRank())
-    tensor = torch.arange(6, dtype=torch.float32, device="cuda")
+class TwoRanks:
+    """Enough of an mpi4py communicator for rank 0 of two, changing buffers as MPI would.
+
+    Allreduce doubles the buffer in place, the sum over two ranks that hold the same values;
+    Bcast from rank 1 writes `peer` (rank 1's values) into it, and from rank 0 keeps what
+    was sent. Every buffer handed over is kept, to check it is the staging buffer.
+    """
+
+    def __init__(self, peer: np.ndarray | None = None) -> None:
+        self.peer = peer
+        self.buffers: list[np.ndarray] = []
+        self.sent: list[np.ndarray] = []
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's name
+        return 0
+
+    def Get_size(self) -> int:  # noqa: N802
+        return 2
+
+    def bcast(self, obj, root=0):
+        return obj
+
+    def Allreduce(self, sendbuf, recvbuf, op=None) -> None:  # noqa: N802
+        assert sendbuf is FakeMPI.IN_PLACE and op is FakeMPI.SUM
+        self.buffers.append(recvbuf)
+        recvbuf *= 2
+
+    def Bcast(self, buf, root=0) -> None:  # noqa: N802
+        self.buffers.append(buf)
+        if root == self.Get_rank():
+            self.sent.append(buf.copy())
+        else:
+            buf[...] = self.peer
+
+
+class StandInCudaTensor:
+    """What MPICommunicator's staging path uses of a CUDA tensor, on a CPU-only machine.
+
+    It reports a CUDA device; its "device memory" is a CPU tensor that only the copies to and
+    from the staging buffer (`view(-1)`) reach, so a result that is not copied back stays out.
+    """
+
+    device = torch.device("cuda", 0)
+
+    def __init__(self, memory: torch.Tensor) -> None:
+        self.memory = memory
+        self.dtype = memory.dtype
+
+    def is_contiguous(self) -> bool:
+        return self.memory.is_contiguous()
+
+    def numel(self) -> int:
+        return self.memory.numel()
+
+    def view(self, *shape: int) -> torch.Tensor:
+        return self.memory.view(*shape)
+
+
+class RealCuda:
+    """CUDA tensors on a real device."""
+
+    def __init__(self, monkeypatch) -> None:
+        pass
+
+    def tensor(self, values: torch.Tensor) -> torch.Tensor:
+        return values.to("cuda")
+
+    def read(self, tensor: torch.Tensor) -> torch.Tensor:
+        assert tensor.device.type == "cuda"
+        return tensor.cpu()
+
+    def check_pinned(self, host: torch.Tensor) -> None:
+        assert host.is_pinned()
+
+
+class StandInCuda:
+    """StandInCudaTensor, with torch.empty told to ignore pin_memory (a CPU-only torch cannot
+    pin) and to record that pinned memory was asked for. New buffers are filled with NaN, so
+    values not copied into the staging buffer cannot pass for the right ones."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.pinned: list[bool] = []
+        empty = torch.empty
+
+        def unpinned_empty(*args, pin_memory=False, **kwargs):
+            self.pinned.append(pin_memory)
+            return empty(*args, **kwargs).fill_(float("nan"))
+
+        monkeypatch.setattr(torch, "empty", unpinned_empty)
+
+    def tensor(self, values: torch.Tensor) -> StandInCudaTensor:
+        return StandInCudaTensor(values.clone())
+
+    def read(self, tensor: StandInCudaTensor) -> torch.Tensor:
+        return tensor.memory
+
+    def check_pinned(self, host: torch.Tensor) -> None:
+        assert self.pinned == [True]
+
+
+@pytest.fixture(params=[pytest.param(RealCuda, marks=needs_cuda, id="cuda"), StandInCuda])
+def cuda_kind(request, monkeypatch):
+    return request.param(monkeypatch)
+
+
+def test_allreduce_stages_cuda_tensors_through_pinned_host_memory(cuda_kind, fake_mpi):
+    fake = TwoRanks()
+    comm = MPICommunicator(fake)
+    values = torch.arange(6, dtype=torch.float32)
+    tensor = cuda_kind.tensor(values)
     comm.allreduce_sum_(tensor)
-    assert tensor.device.type == "cuda"
-    assert torch.equal(tensor.cpu(), torch.arange(6, dtype=torch.float32))
+    # The sum, made in the host buffer that MPI saw, is copied back into the caller's tensor.
+    assert torch.equal(cuda_kind.read(tensor), 2 * values)
     (host,) = comm._staging.values()
-    assert host.is_pinned()
+    cuda_kind.check_pinned(host)
+    assert np.shares_memory(fake.buffers[-1], host.numpy())
+    comm.allreduce_sum_(tensor)  # the result goes in again, through the same buffer
+    assert torch.equal(cuda_kind.read(tensor), 4 * values)
+    (again,) = comm._staging.values()
+    assert again is host
+    assert np.shares_memory(fake.buffers[-1], host.numpy())
+
+
+def test_broadcast_stages_cuda_tensors_through_pinned_host_memory(cuda_kind, fake_mpi):
+    fake = TwoRanks(peer=np.full(6, 7.0, dtype=np.float32))
+    comm = MPICommunicator(fake)
+    values = torch.arange(6, dtype=torch.float32)
+    tensor = cuda_kind.tensor(values)
+    comm.broadcast_(tensor, root=0)  # this rank is the root: its values go out and stay
+    assert np.array_equal(fake.sent[-1], values.numpy())
+    assert torch.equal(cuda_kind.read(tensor), values)
+    comm.broadcast_(tensor, root=1)  # the root's values arrive in the caller's tensor
+    assert torch.equal(cuda_kind.read(tensor), torch.full((6,), 7.0))
+    (host,) = comm._staging.values()
+    cuda_kind.check_pinned(host)
+    assert all(np.shares_memory(buffer, host.numpy()) for buffer in fake.buffers)

@@ -128,9 +128,12 @@ def test_precise_sleep_reaches_the_deadline_on_a_fake_clock():
 
 
 def test_precise_sleep_really_sleeps():
+    """The one real-time check: a lower bound only, which a busy machine cannot break."""
     start = time.perf_counter()
     precise_sleep(0.02)
     assert time.perf_counter() - start >= 0.02
+    # Emulation sleeps this way unless a test injects a fake sleep.
+    assert Slowdown(3.0).sleep is precise_sleep
 
 
 @dataclass(frozen=True)
@@ -144,24 +147,47 @@ class RecordingSlowdown(Slowdown):
         return super().after_step(compute_seconds)
 
 
-def test_a_rank_emulated_three_times_slower_profiles_about_three_times_slower():
-    """Real sleeps after real steps of a few milliseconds (CPU, one thread).
+class FakeClock:
+    """A wall clock that moves only when a forward pass or the emulated sleep moves it."""
 
-    The profiled step time is compared with the real compute time of the same steps, so
-    load from elsewhere on a shared machine slows both alike. (Profiles taken one after the
-    other at factors 1 and 3 differ by more than 3x on a busy machine: a rank that sleeps
-    wakes to cold caches and waits for a core.) The exact factor through the profiler is
-    checked on a fake clock in test_profiling.py. The emulation runs on wall time here
-    (cpu_timer=None); its CPU-time correction is checked on fake clocks above.
+    def __init__(self) -> None:
+        self.now = 50.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.advance(seconds)
+
+
+# Fake seconds each forward pass of the real workload costs.
+FORWARD_SECONDS = 0.004
+
+
+def test_a_rank_emulated_three_times_slower_profiles_three_times_slower():
+    """Real training steps of the patch CNN (CPU, one thread), timed on a fake clock.
+
+    Every forward pass moves the clock by FORWARD_SECONDS and the emulated sleep moves it by
+    what it sleeps, so the profiled step must be exactly three compute times, whatever else
+    runs on the machine. The profiler's exact factor on a toy model is checked in
+    test_profiling.py, the CPU-time correction on fake clocks above, and that the default
+    sleep really sleeps in test_precise_sleep_really_sleeps.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     workload = patch_cnn_workload()
-    config = ProfileConfig(batch_sizes=(256,), warmup=1, repeats=7, max_repeats=7)
+    config = ProfileConfig(batch_sizes=(64,), warmup=1, repeats=7, max_repeats=7)
     torch.manual_seed(0)
     model = workload.build_model()
     optimizer = workload.build_optimizer(model.parameters())
-    slowdown = RecordingSlowdown(3.0)
+    clock = FakeClock()
+    model.register_forward_pre_hook(lambda module, args: clock.advance(FORWARD_SECONDS))
+    slowdown = RecordingSlowdown(3.0, sleep=clock.sleep)
     try:
         profile = profile_replica(
             model,
@@ -170,14 +196,16 @@ def test_a_rank_emulated_three_times_slower_profiles_about_three_times_slower():
             workload.make_batch,
             config=config,
             slowdown=slowdown,
+            timer=clock,
             cpu_timer=None,
         )
     finally:
         torch.set_num_threads(threads)
     assert profile.slowdown == 3.0
-    assert len(slowdown.computes) == 1 + 7  # the pilot step and the timed ones
-    compute = statistics.median(slowdown.computes)
-    assert compute > 5e-4  # a real step of the workload, not timer noise
-    ratio = profile.step_times[0] / compute
-    assert 2.4 <= ratio <= 3.6, f"3x emulated rank profiled {ratio:.2f}x slower than it computes"
-    assert profile.throughput == pytest.approx(256 / profile.step_times[0])
+    # The pilot step and the timed ones were stretched, each by twice its compute.
+    assert slowdown.computes == [pytest.approx(FORWARD_SECONDS)] * (1 + 7)
+    assert clock.slept == [pytest.approx(2 * FORWARD_SECONDS)] * (1 + 7)
+    assert profile.repeats == 7
+    assert profile.step_times[0] == pytest.approx(3 * FORWARD_SECONDS)
+    assert profile.step_times[0] / statistics.median(slowdown.computes) == pytest.approx(3.0)
+    assert profile.throughput == pytest.approx(64 / profile.step_times[0])

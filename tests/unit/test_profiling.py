@@ -146,6 +146,34 @@ def test_emulated_slowdown_through_the_fake_clock_is_exactly_threefold():
     assert slow.beta == pytest.approx(3 * BETA, rel=1e-6)
 
 
+def test_memory_probe_forecasts_the_measured_step_time_of_a_slowed_rank(monkeypatch):
+    """The fitted line already holds the emulated sleep: the probe must not multiply again."""
+    from lbtrain.profiling import profiler
+
+    handed = {}
+    real_memory_cap = profiler._memory_cap
+
+    def recording_memory_cap(*args, **kwargs):
+        handed.update(kwargs)
+        return real_memory_cap(*args, **kwargs)
+
+    monkeypatch.setattr(profiler, "_memory_cap", recording_memory_cap)
+    clock = FakeClock()
+    model, optimizer = trained_setup(clock)
+    config = ProfileConfig(
+        batch_sizes=(8, 16, 32, 64), time_budget=UNLIMITED, max_repeats=6, memory_cap=True
+    )
+    profile = run_profile(
+        clock, model, optimizer, config=config, slowdown=Slowdown(3.0, sleep=clock.advance)
+    )
+    assert profile.alpha == pytest.approx(3 * ALPHA, rel=1e-6)  # the sleep is in the fit
+    predicted_time = handed["predicted_time"]
+    for size in (64, 128, 1024, 1 << 16):
+        assert predicted_time(size) == pytest.approx(profile.alpha + profile.beta * size)
+        # What one step of the slowed rank really takes on the fake clock, not 3x that.
+        assert predicted_time(size) == pytest.approx(3 * (ALPHA + BETA * size), rel=1e-6)
+
+
 def _state(model, optimizer):
     return (
         copy.deepcopy(model.state_dict()),
