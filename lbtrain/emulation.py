@@ -14,7 +14,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-__all__ = ["Slowdown", "parse_slowdowns", "precise_sleep", "slowdown_for_rank"]
+__all__ = [
+    "Slowdown",
+    "factor_at",
+    "parse_slowdown_changes",
+    "parse_slowdowns",
+    "precise_sleep",
+    "slowdown_for_rank",
+    "slowdown_schedule",
+]
 
 # time.sleep overshoots by about 0.1 ms on Linux (timer slack, wake-up latency); sleeping to
 # this margin before the deadline and spinning the rest keeps an emulated 4x rank at 4x even
@@ -200,3 +208,73 @@ def slowdown_for_rank(
             f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]"
         )
     return Slowdown(parse_slowdowns(text, world_size)[rank], sleep=sleep)
+
+
+def parse_slowdown_changes(
+    text: str | None, world_size: int
+) -> tuple[tuple[int, tuple[float, ...]], ...]:
+    """Parse a schedule of slowdown changes: "3:4,1" makes the factors 4,1 from epoch 3 on.
+
+    Args:
+        text: "EPOCH:F0,F1,..." entries separated by ";", epochs counted from 1 and
+            increasing, each with one factor per rank (or one for all); None or "" for none.
+        world_size: number of ranks in the job.
+
+    Returns:
+        ((epoch index from 0, factors), ...) in epoch order.
+    """
+    if text is None or not text.strip():
+        return ()
+    changes: list[tuple[int, tuple[float, ...]]] = []
+    for entry in (part.strip() for part in text.split(";")):
+        head, sep, factors = entry.partition(":")
+        try:
+            epoch = int(head)
+        except ValueError:
+            epoch = 0
+        if not sep or epoch < 1:
+            raise ValueError(
+                f"emulate_change={text!r}: {entry!r} is not EPOCH:FACTORS with an epoch >= 1; "
+                "write e.g. 3:4,1 (from epoch 3 on, rank 0 is 4x slow and rank 1 full speed)"
+            )
+        if changes and epoch - 1 <= changes[-1][0]:
+            raise ValueError(
+                f"emulate_change={text!r}: epochs must increase from one entry to the next"
+            )
+        try:
+            parsed = parse_slowdowns(factors, world_size)
+        except ValueError as exc:
+            raise ValueError(f"emulate_change={text!r}: {exc}") from None
+        changes.append((epoch - 1, parsed))
+    return tuple(changes)
+
+
+def factor_at(
+    epoch: int, rank: int, base: float, changes: Sequence[tuple[int, Sequence[float]]]
+) -> float:
+    """This rank's slowdown factor during `epoch` (from 0): the last change at or before it."""
+    factor = base
+    for start, factors in changes:
+        if start <= epoch:
+            factor = float(factors[rank])
+    return factor
+
+
+def slowdown_schedule(
+    changes: str | None, base: Slowdown, rank: int, world_size: int
+) -> Callable[[int], Slowdown]:
+    """The Slowdown of each epoch (from 0): `base`, then the factors that `changes` sets.
+
+    Args:
+        changes: "EPOCH:F0,F1,..." entries (see `parse_slowdown_changes`), or None.
+        base: the slowdown the run starts with (from `--emulate-slowdown`).
+        rank: this rank.
+        world_size: ranks in the job.
+    """
+    parsed = parse_slowdown_changes(changes, world_size)
+
+    def at(epoch: int) -> Slowdown:
+        factor = factor_at(epoch, rank, base.factor, parsed)
+        return base if factor == base.factor else Slowdown(factor, sleep=base.sleep)
+
+    return at

@@ -57,7 +57,8 @@ def sync_gradients(
     static-balancing paper) over-weights the replicas with small batches.
 
     A parameter with no gradient on this rank contributes zeros, so every rank reduces the
-    same buffers in the same order and nothing hangs.
+    same buffers in the same order and nothing hangs. A rank with a zero share (weight 0)
+    skips forward and backward and still calls this: it adds zeros and receives the sum.
 
     Args:
         model: a module, or its parameters, with the same structure on every rank.
@@ -83,7 +84,12 @@ def sync_gradients(
                 param.grad = torch.zeros_like(param)
             grads.append(param.grad)
         flat = torch.cat([g.reshape(-1) for g in grads])
-        flat.mul_(weight)
+        if weight == 0:
+            # A rank with no samples adds exact zeros, whatever stale values (even NaN) its
+            # gradients hold: 0 * NaN would poison every rank's sum.
+            flat.zero_()
+        else:
+            flat.mul_(weight)
         comm.allreduce_sum_(flat)
         offset = 0
         for grad in grads:

@@ -3,14 +3,35 @@
 Imports neither torch nor mpi4py, so the arithmetic is testable anywhere.
 """
 
-from lbtrain.balancer.plan import POLICIES, BalancePlan, plan_batches
+from lbtrain.balancer.advice import (
+    WORTHWHILE,
+    Ideal,
+    SubsetPrediction,
+    ideal_step,
+    idle_ranks_note,
+    min_batch_note,
+    subset_note,
+    subset_predictions,
+)
+from lbtrain.balancer.network import CommCost
+from lbtrain.balancer.plan import POLICIES, BalancePlan, cost_sizes, plan_batches
 from lbtrain.balancer.replica import ReplicaSpeed, SupportsReplicaSpeed, as_replica_speed
 
 __all__ = [
     "POLICIES",
+    "WORTHWHILE",
     "BalancePlan",
+    "CommCost",
+    "Ideal",
     "ReplicaSpeed",
+    "SubsetPrediction",
     "SupportsReplicaSpeed",
     "as_replica_speed",
+    "cost_sizes",
+    "ideal_step",
+    "idle_ranks_note",
+    "min_batch_note",
     "plan_batches",
+    "subset_note",
+    "subset_predictions",
 ]

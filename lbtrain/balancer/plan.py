@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lbtrain.balancer.network import CommCost
 from lbtrain.balancer.replica import ReplicaSpeed, as_replica_speed
 from lbtrain.balancer.rounding import largest_remainder, min_max_round, water_fill
 
-__all__ = ["POLICIES", "BalancePlan", "plan_batches"]
+__all__ = ["POLICIES", "BalancePlan", "cost_sizes", "plan_batches"]
 
 POLICIES = ("equal", "proportional", "cost")
 
@@ -25,7 +26,9 @@ class BalancePlan:
         global_batch_size: B, the samples in one full global batch.
         batch_sizes: b_i per rank; they sum to B.
         replicas: the speed model and cap of each rank that the plan was computed from.
-        min_batch: the smallest batch any rank may get.
+        min_batch: the smallest batch any rank may get; 0 lets a rank sit out (it computes
+            nothing and adds zeros to the gradient sum).
+        comm: the measured cost of one step's gradient sync, or None when unknown (0 s).
 
     The weight of rank i is b_i / B: scaling rank i's mean-loss gradient by it and summing over
     ranks gives the mean gradient over the global batch.
@@ -35,7 +38,8 @@ class BalancePlan:
     global_batch_size: int
     batch_sizes: tuple[int, ...]
     replicas: tuple[ReplicaSpeed, ...]
-    min_batch: int = 1
+    min_batch: int = 0
+    comm: CommCost | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
@@ -51,7 +55,18 @@ class BalancePlan:
                 f"batch_sizes has {len(self.batch_sizes)} entries but replicas has "
                 f"{len(self.replicas)}; a plan needs one of each per rank"
             )
-        if any(not isinstance(b, int) or b < self.min_batch for b in self.batch_sizes):
+        if (
+            isinstance(self.min_batch, bool)
+            or not isinstance(self.min_batch, int)
+            or (self.min_batch < 0)
+        ):
+            raise ValueError(f"min_batch={self.min_batch!r} must be an integer >= 0")
+        if isinstance(self.comm, dict):
+            object.__setattr__(self, "comm", CommCost.from_dict(self.comm))
+        if any(
+            isinstance(b, bool) or not isinstance(b, int) or b < self.min_batch
+            for b in self.batch_sizes
+        ):
             raise ValueError(
                 f"batch_sizes={list(self.batch_sizes)} must be integers >= min_batch="
                 f"{self.min_batch}"
@@ -79,19 +94,42 @@ class BalancePlan:
         return tuple(b / self.global_batch_size for b in self.batch_sizes)
 
     @property
+    def idle_ranks(self) -> tuple[int, ...]:
+        """Ranks with a zero share: they compute nothing and add zeros to the sync."""
+        return tuple(rank for rank, b in enumerate(self.batch_sizes) if b == 0)
+
+    @property
+    def active_ranks(self) -> tuple[int, ...]:
+        """Ranks with at least one sample per global batch."""
+        return tuple(rank for rank, b in enumerate(self.batch_sizes) if b > 0)
+
+    @property
     def predicted_step_times(self) -> tuple[float, ...]:
-        """Predicted compute seconds per step for each rank, alpha_i + beta_i * b_i."""
-        return tuple(r.step_time(b) for r, b in zip(self.replicas, self.batch_sizes, strict=True))
+        """Predicted compute seconds per step for each rank: alpha_i + beta_i * b_i, 0 at b = 0."""
+        return tuple(
+            r.step_time(b) if b > 0 else 0.0
+            for r, b in zip(self.replicas, self.batch_sizes, strict=True)
+        )
+
+    @property
+    def predicted_compute_time(self) -> float:
+        """Predicted compute seconds of one step: the slowest rank's."""
+        return max(self.predicted_step_times)
+
+    @property
+    def predicted_comm_time(self) -> float:
+        """Predicted seconds of one step's gradient sync; every rank takes part, idle or not."""
+        return 0.0 if self.comm is None else self.comm.time(self.world_size)
 
     @property
     def predicted_step_time(self) -> float:
-        """Predicted seconds of one synchronous step: the slowest rank's compute time."""
-        return max(self.predicted_step_times)
+        """Predicted seconds of one synchronous step: slowest compute, then the sync."""
+        return self.predicted_compute_time + self.predicted_comm_time
 
     @property
     def predicted_idle_times(self) -> tuple[float, ...]:
         """Predicted seconds each rank waits for the slowest one, per step."""
-        slowest = self.predicted_step_time
+        slowest = self.predicted_compute_time
         return tuple(slowest - t for t in self.predicted_step_times)
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,8 +140,10 @@ class BalancePlan:
             "batch_sizes": list(self.batch_sizes),
             "min_batch": self.min_batch,
             "replicas": [r.to_dict() for r in self.replicas],
+            "comm": None if self.comm is None else self.comm.to_dict(),
             "weights": list(self.weights),
             "predicted_step_times": list(self.predicted_step_times),
+            "predicted_step_time": self.predicted_step_time,
         }
 
     @classmethod
@@ -116,6 +156,7 @@ class BalancePlan:
                 batch_sizes=tuple(data["batch_sizes"]),
                 replicas=tuple(ReplicaSpeed(**r) for r in data["replicas"]),
                 min_batch=data.get("min_batch", 1),
+                comm=CommCost.from_dict(data["comm"]) if data.get("comm") else None,
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(
@@ -138,20 +179,24 @@ def plan_batches(
     policy: str = "proportional",
     *,
     caps: Sequence[int | None] | None = None,
-    min_batch: int = 1,
+    min_batch: int = 0,
+    comm: CommCost | None = None,
 ) -> BalancePlan:
     """Share a global batch of B samples among replicas of unequal speed.
 
     Args:
         ranks: one entry per replica: a throughput in samples/s, a ReplicaSpeed, or a
             profile record with `replica_speed()` (e.g. lbtrain.profiling.ReplicaProfile).
-        global_batch_size: B, samples per global batch; at least min_batch per replica.
+        global_batch_size: B, samples per global batch.
         policy: "equal" (B/P each, the unbalanced baseline), "proportional" (b_i proportional
             to throughput, largest-remainder rounding), or "cost" (minimise the slowest
             replica's alpha_i + beta_i * b_i).
         caps: optional per-replica maximum batch sizes (memory), combined with any cap the
             entries carry by taking the smaller.
-        min_batch: smallest batch any replica gets (>= 1).
+        min_batch: smallest batch any replica gets. With 0, `cost` gives a replica no samples
+            when its fixed cost alone would outlast the others' step; `equal` and
+            `proportional` know no fixed cost and give every replica at least one sample.
+        comm: one step's measured sync cost, carried into the plan's predictions.
 
     Returns:
         A validated BalancePlan whose batch sizes sum to B and honour caps and min_batch.
@@ -166,24 +211,29 @@ def plan_batches(
         raise ValueError("ranks is empty: pass one throughput or profile per replica")
     replicas = [as_replica_speed(entry, i) for i, entry in enumerate(ranks)]
     count = len(replicas)
-    if isinstance(min_batch, bool) or not isinstance(min_batch, int) or min_batch < 1:
-        raise ValueError(f"min_batch={min_batch!r} is invalid: it must be an integer >= 1")
-    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int):
+    if isinstance(min_batch, bool) or not isinstance(min_batch, int) or min_batch < 0:
+        raise ValueError(f"min_batch={min_batch!r} is invalid: it must be an integer >= 0")
+    if (
+        isinstance(global_batch_size, bool)
+        or not isinstance(global_batch_size, int)
+        or (global_batch_size < 1)
+    ):
         raise ValueError(
-            f"global_batch_size={global_batch_size!r} is invalid: it must be an integer"
+            f"global_batch_size={global_batch_size!r} is invalid: it must be an integer >= 1"
         )
-    if global_batch_size < count * min_batch:
+    floor = min_batch if policy == "cost" else max(1, min_batch)
+    if global_batch_size < count * floor:
         raise ValueError(
             f"global_batch_size={global_batch_size} is smaller than {count} replicas x "
-            f"min_batch={min_batch}; raise the global batch to at least {count * min_batch} "
-            "or use fewer replicas"
+            f"{floor} (the least policy {policy!r} gives each with min_batch={min_batch}); "
+            f"raise the global batch to at least {count * floor} or use fewer replicas"
         )
     replicas = _merge_caps(replicas, caps)
     upper = [math.inf if r.cap is None else r.cap for r in replicas]
     for i, cap in enumerate(upper):
-        if cap < min_batch:
+        if cap < floor:
             raise ValueError(
-                f"rank {i} has cap {cap} below min_batch={min_batch}; lower min_batch or "
+                f"rank {i} has cap {cap} below min_batch={floor}; lower min_batch or "
                 "give that replica more memory"
             )
     if sum(upper) < global_batch_size:
@@ -191,13 +241,10 @@ def plan_batches(
             f"caps {[r.cap for r in replicas]} hold at most {int(sum(upper))} samples, fewer "
             f"than global_batch_size={global_batch_size}; lower the global batch or add replicas"
         )
-    lower = [min_batch] * count
+    lower = [floor] * count
 
     if policy == "cost":
-        alphas = [r.alpha for r in replicas]
-        betas = [r.beta for r in replicas]
-        targets = water_fill(global_batch_size, alphas, betas, lower, upper)
-        sizes = min_max_round(targets, global_batch_size, alphas, betas, lower, upper)
+        sizes = cost_sizes(replicas, global_batch_size, lower, upper)
     else:
         speeds = [1.0] * count if policy == "equal" else [r.throughput for r in replicas]
         # Proportional sharing is water-filling with no fixed cost: b_i = T * s_i.
@@ -211,7 +258,21 @@ def plan_batches(
         batch_sizes=tuple(sizes),
         replicas=tuple(replicas),
         min_batch=min_batch,
+        comm=comm,
     )
+
+
+def cost_sizes(
+    replicas: Sequence[ReplicaSpeed],
+    total: int,
+    lower: Sequence[int],
+    upper: Sequence[float],
+) -> list[int]:
+    """Integer batches that minimise the slowest alpha_i + beta_i * b_i (0 s at b_i = 0)."""
+    alphas = [r.alpha for r in replicas]
+    betas = [r.beta for r in replicas]
+    targets = water_fill(total, alphas, betas, lower, upper)
+    return min_max_round(targets, total, alphas, betas, lower, upper)
 
 
 def _merge_caps(

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 __all__ = ["water_fill", "largest_remainder", "min_max_round"]
 
-# Below this, bisection on the finishing time has converged far past what integer
-# rounding can see; 200 halvings of a double always get there.
+# Bisection on the finishing time runs until lo and hi are adjacent doubles, so T* is exact
+# to the last bit (the ideal step must never read above a plan that reaches it); 200
+# halvings of a double always get there.
 _BISECTION_STEPS = 200
 
 
@@ -45,12 +46,12 @@ def water_fill(
     hi = max(a + b * total for a, b in zip(alphas, betas, strict=True))
     for _ in range(_BISECTION_STEPS):
         mid = 0.5 * (lo + hi)
+        if not lo < mid < hi:
+            break
         if sum(shares(mid)) < total:
             lo = mid
         else:
             hi = mid
-        if hi - lo <= 1e-15 * max(1.0, abs(hi)):
-            break
     return shares(hi)
 
 

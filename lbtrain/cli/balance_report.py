@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from lbtrain.balancer import POLICIES
 from lbtrain.cli.common import (
+    CollectiveError,
     add_profiling_arguments,
     agree,
     check_writable,
     load_profiles_collective,
+    non_negative_int,
     positive_int,
     run_profiling,
     show_defaults,
@@ -17,14 +20,16 @@ from lbtrain.cli.common import (
 from lbtrain.comm import Communicator
 from lbtrain.profiling import build_report, format_report, plot_report, save_profiles
 from lbtrain.profiling.report import FORMATS, require_matplotlib
+from lbtrain.profiling.sync import comm_cost
 
 __all__ = ["add_parser", "run"]
 
 DESCRIPTION = """\
 Plan one global batch under each policy from replica profiles and predict, per rank, the
-batch, weight, compute and idle time per step, and per policy the step time, the speedup
-over `equal`, and the efficiency (ideal step B / sum of throughputs, divided by the predicted
-step). Reads --profiles FILE, or profiles every rank first when no file is given, e.g.
+batch, weight, compute and idle time per step, and per policy the compute, sync and whole
+step time, the speedup over `equal`, and the efficiency (the ideal step, which no plan beats,
+divided by the predicted step), with notes on ranks better left out. Reads --profiles FILE,
+or profiles every rank first when no file is given, e.g.
 
   lbtrain balance-report --profiles profiles.json --global-batch 1024
   mpiexec -n 3 lbtrain balance-report --emulate-slowdown 1,2,4 --policy all
@@ -59,7 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         help="policy to report; `equal` is always computed as the baseline of the speedup",
     )
     parser.add_argument(
-        "--min-batch", type=positive_int, default=1, help="smallest batch any rank may get"
+        "--min-batch",
+        type=non_negative_int,
+        default=0,
+        help="smallest batch any rank may get; 0 lets the cost policy leave a rank without "
+        "samples when its fixed cost per step outlasts the others' whole step, 1 turns that off",
     )
     parser.add_argument("--format", choices=FORMATS, default="table", help="output format")
     parser.add_argument(
@@ -97,10 +106,19 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         profiles = load_profiles_collective(comm, args.profiles)
     else:
         profiles = run_profiling(args, comm)
-    report = agree(
-        comm,
-        lambda: build_report(profiles, args.global_batch, args.policy, min_batch=args.min_batch),
-    )
+    try:
+        report = agree(
+            comm,
+            lambda: build_report(
+                profiles,
+                args.global_batch,
+                args.policy,
+                min_batch=args.min_batch,
+                comm=comm_cost(profiles),
+            ),
+        )
+    except CollectiveError as exc:
+        raise CollectiveError(_flags(str(exc))) from None
     if comm.rank == 0:
         if args.save_profiles and not args.profiles:
             save_profiles(args.save_profiles, profiles)
@@ -110,3 +128,14 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
             if args.format != "json":
                 print(f"\nplot written to {path}")
     return 0
+
+
+# The library's parameter names in its error messages, and this verb's flags for them.
+_FLAGS = {"global_batch_size": "--global-batch", "min_batch": "--min-batch"}
+
+
+def _flags(message: str) -> str:
+    """Name this verb's flags where a library error names its parameters (min_batch=0)."""
+    for name, flag in _FLAGS.items():
+        message = re.sub(rf"(?<![\w-]){name}=", f"{flag} ", message)
+    return message

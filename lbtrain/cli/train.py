@@ -15,13 +15,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from lbtrain.balancer import POLICIES
-from lbtrain.cli.common import positive_float, positive_int
+from lbtrain.cli.common import non_negative_int, positive_float, positive_int
 from lbtrain.comm import Communicator
 from lbtrain.session import agree, root_value
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import (
     LR_SCHEDULES,
     OPTIMIZERS,
+    REPLAN_MODES,
     WEIGHTINGS,
     TrainConfig,
     load_toml,
@@ -120,7 +121,14 @@ def add_parser(
     _add(plan, "policy", "how to share the global batch: equal (the unbalanced baseline), "
          "proportional (to throughput) or cost (alpha-beta model, fixed cost per step "
          "included)", choices=POLICIES)  # fmt: skip
-    _add(plan, "min_batch", "smallest batch any rank may get", type=positive_int)
+    _add(
+        plan,
+        "min_batch",
+        "smallest batch any rank may get; with 0 the cost policy gives no samples to a rank "
+        "whose fixed cost per step outlasts the others' step (it then only joins the sync); "
+        "1 gives every rank a share",
+        type=non_negative_int,
+    )
     _add(plan, "profiles", "reuse a profiles JSON from `lbtrain profile` instead of profiling "
          "(default: profile now)", metavar="FILE")  # fmt: skip
     _add(plan, "plan", "reuse a plan.json from an earlier run: no profiling, no planning "
@@ -132,6 +140,12 @@ def add_parser(
     _add(plan, "emulate_slowdown", "testing aid: rank i sleeps (F_i - 1) x each step's compute, "
          "like a device F_i times slower; one factor >= 1 per rank (default: none)",
          metavar="F0,F1,...")  # fmt: skip
+    _add(plan, "emulate_change", "testing aid: change the emulated slowdowns mid-run; "
+         "EPOCH:F0,F1,... sets the factors from that epoch (counted from 1) on, e.g. 3:4,1; "
+         "several entries separated by ';' (default: none)", metavar="E:F0,F1")  # fmt: skip
+    _add(plan, "replan", "auto: at each epoch's end, switch to the plan the measured compute "
+         "times imply when it is predicted more than 5%% faster (exact either way); off: keep "
+         "the first plan", choices=REPLAN_MODES)  # fmt: skip
     _add(plan, "time_budget", "seconds each rank spends profiling, about", type=positive_float)
     optim = parser.add_argument_group("optimisation")
     _add(optim, "optimizer", "optimizer", choices=OPTIMIZERS)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lbtrain.balancer import BalancePlan, plan_batches
 from lbtrain.data.sampler import BalancedBatchSampler
@@ -19,6 +20,11 @@ class BalancedLoader(DataLoader):
 
     Iterate it like any DataLoader. While iterating, `weight` holds the current step's
     b_i / B_step, the factor to pass to `sync_gradients`. `step_weights` lists them all.
+
+    A rank whose share is zero (`empty`) still yields one batch per step, so it takes the
+    same steps as the others: a batch of zero samples shaped like a real one. Skip forward
+    and backward on it (a mean over no samples is NaN) and call `sync_gradients` with
+    weight 0, which adds zeros.
     """
 
     batch_sampler: BalancedBatchSampler
@@ -26,6 +32,7 @@ class BalancedLoader(DataLoader):
     def __init__(self, dataset: Dataset, batch_sampler: BalancedBatchSampler, **kwargs: Any):
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.weight: float = batch_sampler.step_weights[0]
+        self._empty_batch: Any = None
 
     @property
     def plan(self) -> BalancePlan:
@@ -41,13 +48,51 @@ class BalancedLoader(DataLoader):
         """Select the epoch's permutation; call with the same value on every rank."""
         self.batch_sampler.set_epoch(epoch)
 
+    def set_plan(self, plan: BalancePlan) -> None:
+        """Switch to `plan` from the next epoch (re-planning); the same on every rank."""
+        self.batch_sampler.set_plan(plan)
+
+    @property
+    def empty(self) -> bool:
+        """True when the plan gives this rank no samples: every batch it yields is empty."""
+        sampler = self.batch_sampler
+        return sampler.plan.batch_sizes[sampler.rank] == 0
+
     def __iter__(self) -> Iterator[Any]:
+        weights = self.step_weights
+        if self.empty:
+            # No indices to fetch, and no worker processes to start for nothing.
+            for _ in weights:
+                self.weight = 0.0
+                yield self.empty_batch()
+            return
         # Workers prefetch ahead of the consumer, so the weight follows the batches
         # handed out, not the sampler's position.
-        weights = self.step_weights
         for step, batch in enumerate(super().__iter__()):
             self.weight = weights[step]
             yield batch
+
+    def empty_batch(self) -> Any:
+        """A batch of zero samples with the shapes and types of a real one."""
+        if self._empty_batch is None:
+            # Fetch one item as the DataLoader would, then keep zero rows of it.
+            fetch = getattr(self.dataset, "__getitems__", None)
+            items = fetch([0]) if fetch else [self.dataset[0]]
+            collate = self.collate_fn or default_collate
+            self._empty_batch = _no_rows(collate(items))
+        return self._empty_batch
+
+
+def _no_rows(batch: Any) -> Any:
+    if isinstance(batch, torch.Tensor | np.ndarray):
+        return batch[:0]
+    if isinstance(batch, dict):
+        return {key: _no_rows(value) for key, value in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(_no_rows(value) for value in batch))
+    if isinstance(batch, list | tuple):
+        return type(batch)(_no_rows(value) for value in batch)
+    return batch
 
 
 def balanced_loader(
@@ -87,8 +132,11 @@ def balanced_loader(
         >>> for epoch in range(epochs):
         ...     loader.set_epoch(epoch)
         ...     for x, y in loader:
-        ...         loss_fn(model(x), y).backward()
+        ...         optimizer.zero_grad()
+        ...         if not loader.empty:  # a zero share computes nothing, adds zeros
+        ...             loss_fn(model(x), y).backward()
         ...         sync_gradients(model, loader.weight, comm)
+        ...         optimizer.step()
     """
     if isinstance(ranks, BalancePlan):
         plan = ranks

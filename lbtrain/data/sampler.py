@@ -20,8 +20,9 @@ def epoch_schedule(
     """The global batches of one epoch as (start, stop, per-rank share sizes).
 
     Global batch k covers perm[start:stop]. A short last batch is split by the plan's
-    proportions; if it holds fewer samples than there are ranks, it joins the batch before it,
-    so no rank ever gets an empty batch and no sample is skipped. Every rank computes the same
+    proportions; if it holds fewer samples than there are ranks, it joins the batch before
+    it, so no rank with a share ever gets an empty batch and no sample is skipped. A rank
+    whose share is zero gets an empty batch at every step. Every rank computes the same
     schedule from the same arguments, so the step count agrees without communication.
     """
     full = plan.global_batch_size
@@ -29,6 +30,8 @@ def epoch_schedule(
     tail = num_samples - steps * full
     bounds = [(k * full, (k + 1) * full) for k in range(steps)]
     if tail and not drop_last:
+        # world_size, not the ranks with a share: the step count must not depend on the plan,
+        # so that re-planning keeps every rank's step count (and the LR schedule) as it was.
         if tail >= plan.world_size or not bounds:
             bounds.append((steps * full, num_samples))
         else:
@@ -42,18 +45,24 @@ def epoch_schedule(
 
 
 def _split_like(plan: BalancePlan, size: int) -> list[int]:
-    if size < plan.world_size:
+    active = len(plan.active_ranks)
+    if size < active:
         raise ValueError(
-            f"a global batch of {size} samples cannot give each of {plan.world_size} ranks a "
+            f"a global batch of {size} samples cannot give each of {active} ranks a "
             "sample; the dataset is smaller than the number of replicas"
         )
-    caps = [math.inf if r.cap is None else r.cap for r in plan.replicas]
+    # A zero share stays zero: a rank left out by the plan is left out of the tail too.
+    lower = [1 if b > 0 else 0 for b in plan.batch_sizes]
+    caps = [
+        (math.inf if r.cap is None else r.cap) if b > 0 else 0
+        for r, b in zip(plan.replicas, plan.batch_sizes, strict=True)
+    ]
     if sum(caps) < size:
         # Only a merged tail (at most P - 1 samples over B) can get here: going one sample
         # over a cap beats skipping samples or giving some rank an empty batch.
-        caps = [math.inf] * plan.world_size
+        caps = [math.inf if b > 0 else 0 for b in plan.batch_sizes]
     targets = [min(size * w, cap) for w, cap in zip(plan.weights, caps, strict=True)]
-    return largest_remainder(targets, size, [1] * plan.world_size, caps, plan.batch_sizes)
+    return largest_remainder(targets, size, lower, caps, plan.batch_sizes)
 
 
 class BalancedBatchSampler(Sampler[list[int]]):
@@ -63,7 +72,7 @@ class BalancedBatchSampler(Sampler[list[int]]):
     batch k is `perm[k*B:(k+1)*B]`, cut into contiguous shares of sizes b_0..b_{P-1}; this
     rank gets share `rank`. Across ranks every sample is seen exactly once per epoch (or,
     with `drop_last`, every sample but the short tail) and every rank takes the same number
-    of steps.
+    of steps. A rank with a zero share yields an empty list at every step.
 
     Args:
         num_samples: length of the dataset.
@@ -96,10 +105,11 @@ class BalancedBatchSampler(Sampler[list[int]]):
             raise ValueError(
                 f"the dataset is empty (num_samples={num_samples}); pass a dataset with samples"
             )
-        if num_samples < plan.world_size:
+        if num_samples < len(plan.active_ranks):
             raise ValueError(
-                f"the dataset has {num_samples} samples, fewer than the {plan.world_size} ranks; "
-                "every rank needs at least one sample per step"
+                f"the dataset has {num_samples} samples, fewer than the "
+                f"{len(plan.active_ranks)} ranks with a share; every such rank needs at least "
+                "one sample per step"
             )
         if drop_last and num_samples < plan.global_batch_size:
             raise ValueError(
@@ -119,6 +129,29 @@ class BalancedBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Select the permutation of `epoch`; call it with the same value on every rank."""
         self.epoch = epoch
+
+    def set_plan(self, plan: BalancePlan) -> None:
+        """Share later batches by `plan` (re-planning); call with the same plan on every rank.
+
+        The new plan must be for the same ranks and global batch, so the permutation and the
+        number of steps per epoch stay what they were.
+        """
+        if (plan.world_size, plan.global_batch_size) != (
+            self.plan.world_size,
+            self.plan.global_batch_size,
+        ):
+            raise ValueError(
+                f"a new plan must keep {self.plan.world_size} ranks and a global batch of "
+                f"{self.plan.global_batch_size}; got {plan.world_size} and "
+                f"{plan.global_batch_size}"
+            )
+        self.plan = plan
+        self._schedule = epoch_schedule(self.num_samples, plan, self.drop_last)
+
+    @property
+    def schedule(self) -> list[tuple[int, int, tuple[int, ...]]]:
+        """The epoch's global batches as (start, stop, per-rank shares); see epoch_schedule."""
+        return list(self._schedule)
 
     @property
     def step_weights(self) -> tuple[float, ...]:

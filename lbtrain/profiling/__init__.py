@@ -2,7 +2,7 @@
 
 from lbtrain.profiling.fit import LinearFit, fit_step_time
 from lbtrain.profiling.memory import CapResult, probe_cap
-from lbtrain.profiling.profiler import ProfileConfig, TrainingState, profile_all, profile_replica
+from lbtrain.profiling.profiler import ProfileConfig, profile_all, profile_replica
 from lbtrain.profiling.record import (
     ProfileFileError,
     ReplicaProfile,
@@ -10,6 +10,9 @@ from lbtrain.profiling.record import (
     save_profiles,
 )
 from lbtrain.profiling.report import BalanceReport, build_report, format_report, plot_report
+from lbtrain.profiling.retime import add_measurement, outside_measured, retime_profiles
+from lbtrain.profiling.state import TrainingState
+from lbtrain.profiling.sync import comm_cost, time_sync
 
 __all__ = [
     "BalanceReport",
@@ -19,13 +22,18 @@ __all__ = [
     "ProfileFileError",
     "ReplicaProfile",
     "TrainingState",
+    "add_measurement",
     "build_report",
+    "comm_cost",
     "fit_step_time",
     "format_report",
     "load_profiles",
+    "outside_measured",
     "plot_report",
     "probe_cap",
     "profile_all",
     "profile_replica",
+    "retime_profiles",
     "save_profiles",
+    "time_sync",
 ]

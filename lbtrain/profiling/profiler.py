@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from lbtrain.comm import Communicator
-from lbtrain.devices import device_name, node_layout, synchronize
+from lbtrain.devices import device_name, node_layout
 from lbtrain.emulation import Slowdown
 from lbtrain.profiling.fit import fit_step_time
 from lbtrain.profiling.memory import (
@@ -32,12 +32,11 @@ from lbtrain.profiling.memory import (
     probe_cap,
 )
 from lbtrain.profiling.record import ReplicaProfile, utc_now
+from lbtrain.profiling.state import TrainingState
+from lbtrain.profiling.steps import LossFn, MakeBatch, resolve_device, step_sandbox
+from lbtrain.profiling.sync import time_sync
 
 __all__ = ["ProfileConfig", "TrainingState", "profile_all", "profile_replica"]
-
-Batch = tuple[torch.Tensor, torch.Tensor]
-MakeBatch = Callable[[int, torch.device], Batch]
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -134,100 +133,6 @@ class ProfileConfig:
         return tuple(sizes)
 
 
-class TrainingState:
-    """A snapshot of everything a training step changes, restored in place.
-
-    Parameters, buffers, optimizer state and hyper-parameters are copied back into the very
-    tensors and dicts that existed before, so references held elsewhere (an LR scheduler, a
-    gradient hook) stay valid. Gradients are restored by reference.
-
-    Args:
-        model: the model.
-        optimizer: its optimizer.
-    """
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self._model = model
-        self._optimizer = optimizer
-        # Host copies, so the snapshot does not shrink the GPU memory the cap probe measures.
-        self._tensors = [
-            (tensor, tensor.detach().to("cpu", copy=True))
-            for tensor in model.state_dict(keep_vars=True).values()
-        ]
-        self._grads = [(p, p.grad) for p in model.parameters()]
-        self._modes = [(module, module.training) for module in model.modules()]
-        self._state = {
-            param: {key: _host_copy(value) for key, value in state.items()}
-            for param, state in optimizer.state.items()
-        }
-        self._groups = [
-            {key: _host_copy(value) for key, value in group.items() if key != "params"}
-            for group in optimizer.param_groups
-        ]
-
-    def restore(self) -> None:
-        """Put the model and optimizer back exactly as they were when snapshotted."""
-        with torch.no_grad():
-            for tensor, saved in self._tensors:
-                tensor.copy_(saved)
-            for param, grad in self._grads:
-                param.grad = grad
-            state = self._optimizer.state
-            for param in list(state):
-                if param not in self._state:
-                    del state[param]
-            for param, saved_state in self._state.items():
-                current = state[param]
-                for key in list(current):
-                    if key not in saved_state:
-                        del current[key]
-                for key, value in saved_state.items():
-                    current[key] = _restore_value(current.get(key), value)
-            for group, saved_group in zip(self._optimizer.param_groups, self._groups, strict=True):
-                for key in list(group):
-                    if key != "params" and key not in saved_group:
-                        del group[key]
-                for key, value in saved_group.items():
-                    group[key] = _restore_value(group.get(key), value)
-        for module, training in self._modes:
-            module.training = training
-
-
-@dataclass(frozen=True)
-class _SavedTensor:
-    host: torch.Tensor
-    device: torch.device
-
-
-def _host_copy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return _SavedTensor(value.detach().to("cpu", copy=True), value.device)
-    if isinstance(value, dict):
-        return {k: _host_copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_host_copy(v) for v in value)
-    return value
-
-
-def _restore_value(current: Any, saved: Any) -> Any:
-    if isinstance(saved, _SavedTensor):
-        host, device = saved.host, saved.device
-        if (
-            isinstance(current, torch.Tensor)
-            and current.shape == host.shape
-            and current.dtype == host.dtype
-            and current.device == device
-        ):
-            current.copy_(host)
-            return current
-        return host.to(device, copy=True)
-    if isinstance(saved, dict):
-        return {k: _restore_value(None, v) for k, v in saved.items()}
-    if isinstance(saved, list | tuple):
-        return type(saved)(_restore_value(None, v) for v in saved)
-    return saved
-
-
 def profile_replica(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -269,96 +174,66 @@ def profile_replica(
     """
     config = config or ProfileConfig()
     slowdown = slowdown or Slowdown(1.0)
-    if device is None:
-        first = next(model.parameters(), None)
-        device = first.device if first is not None else torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = resolve_device(model, device)
     started_at, start = utc_now(), timer()
 
     def elapsed() -> float:
         return timer() - start
 
-    batches: dict[int, Batch] = {}
-
-    def batch_of(size: int) -> Batch:
-        if size not in batches:
-            batches[size] = make_batch(size, device)
-        return batches[size]
-
-    def train_step(size: int) -> None:
-        inputs, targets = batch_of(size)
-        optimizer.zero_grad(set_to_none=True)
-        loss_fn(model(inputs), targets).backward()
-        optimizer.step()
-
-    # The emulated sleep follows the CPU time of a CPU step, so that waiting for a shared core
-    # is not multiplied by the slowdown factor; GPU steps, and fake clocks, use wall time.
-    step_cpu_timer = cpu_timer if device.type == "cpu" else None
-
-    def timed_step(size: int) -> float:
-        batch_of(size)
-        synchronize(device)
-        begin = timer()
-        with slowdown.step(timer, lambda: synchronize(device), cpu_timer=step_cpu_timer):
-            train_step(size)
-        return timer() - begin
-
-    snapshot = TrainingState(model, optimizer)
-    cuda_devices = [device.index] if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=cuda_devices):
-            torch.manual_seed(config.seed)
-            model.train()
-            ladder = config.ladder()
-            for _ in range(config.warmup):
-                train_step(ladder[0])
-            # On CUDA the OOM probe needs time too; hold back part of the budget for it.
-            reserve = 0.3 if device.type == "cuda" and config.memory_cap else 0.0
-            sizes, times, rounds = _time_ladder(
-                ladder,
-                config,
-                timed_step,
-                elapsed,
-                budget=config.time_budget * (1.0 - reserve),
-                tail=config.memory_cap and device.type != "cuda",
+    with step_sandbox(
+        model,
+        optimizer,
+        loss_fn,
+        make_batch,
+        device=device,
+        seed=config.seed,
+        slowdown=slowdown,
+        timer=timer,
+        cpu_timer=cpu_timer,
+    ) as steps:
+        ladder = config.ladder()
+        for _ in range(config.warmup):
+            steps.train_step(ladder[0])
+        # On CUDA the OOM probe needs time too; hold back part of the budget for it.
+        reserve = 0.3 if device.type == "cuda" and config.memory_cap else 0.0
+        sizes, times, rounds = _time_ladder(
+            ladder,
+            config,
+            steps.timed_step,
+            elapsed,
+            budget=config.time_budget * (1.0 - reserve),
+            tail=config.memory_cap and device.type != "cuda",
+        )
+        steps.clear()
+        fit = fit_step_time(sizes, times)
+        cap = CapResult(None, "disabled")
+        per_sample = None
+        if config.memory_cap:
+            # Saved activations grow linearly in b, so the two smallest rungs tell the
+            # bytes per sample as well as any pair, at a fraction of the time.
+            per_sample = memory_per_sample(
+                model,
+                loss_fn,
+                lambda b: make_batch(b, device),
+                sizes[0],
+                sizes[1] if len(sizes) > 1 else 2 * sizes[0],
             )
-            batches.clear()
-            fit = fit_step_time(sizes, times)
-            cap = CapResult(None, "disabled")
-            per_sample = None
-            if config.memory_cap:
-                # Saved activations grow linearly in b, so the two smallest rungs tell the
-                # bytes per sample as well as any pair, at a fraction of the time.
-                per_sample = memory_per_sample(
-                    model,
-                    loss_fn,
-                    lambda b: make_batch(b, device),
-                    sizes[0],
-                    sizes[1] if len(sizes) > 1 else 2 * sizes[0],
-                )
-                cap = _memory_cap(
-                    device,
-                    config,
-                    per_sample,
-                    fixed=_fixed_bytes(model, optimizer),
-                    share=memory_share,
-                    available_memory=available_memory,
-                    try_step=train_step,
-                    start=sizes[-1],
-                    time_left=lambda: config.time_budget - elapsed(),
-                    # The timed steps include the emulated sleep, so the fitted line
-                    # already is a slowed rank's step time: no second slowdown factor.
-                    # (Probe steps do not sleep; forecasting the slowed time stops an
-                    # emulated rank where a device that much slower would stop.)
-                    predicted_time=lambda b: fit.alpha + fit.beta * b,
-                )
-    finally:
-        batches.clear()
-        snapshot.restore()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+            cap = _memory_cap(
+                device,
+                config,
+                per_sample,
+                fixed=_fixed_bytes(model, optimizer),
+                share=memory_share,
+                available_memory=available_memory,
+                try_step=steps.train_step,
+                start=sizes[-1],
+                time_left=lambda: config.time_budget - elapsed(),
+                # The timed steps include the emulated sleep, so the fitted line already is
+                # a slowed rank's step time: no second slowdown factor. (Probe steps do not
+                # sleep; forecasting the slowed time stops an emulated rank where a device
+                # that much slower would stop.)
+                predicted_time=lambda b: fit.alpha + fit.beta * b,
+            )
     return ReplicaProfile(
         rank=rank,
         host=host or socket.gethostname(),
@@ -501,6 +376,7 @@ def profile_all(
         One ReplicaProfile per rank. Unless the config names a reference batch, every
         profile's throughput refers to the largest batch that every rank measured, so a
         rank whose budget ran out lower on the ladder is still compared like for like.
+        Every profile carries the job's gradient-sync time (`time_sync`) for this model.
     """
     if "memory_share" not in kwargs or "host" not in kwargs:
         layout = node_layout(comm)
@@ -509,6 +385,12 @@ def profile_all(
     # Start together: ranks sharing a node should be measured while all of them compete.
     comm.barrier()
     profile = profile_replica(model, optimizer, loss_fn, make_batch, rank=comm.rank, **kwargs)
+    # After every rank's compute, as in training; time_sync is collective and gives every
+    # rank the same (slowest rank's) figure.
+    seconds, nbytes = time_sync(comm, model, timer=kwargs.get("timer", time.perf_counter))
+    profile = dataclasses.replace(
+        profile, sync_time=seconds, sync_bytes=nbytes, sync_ranks=comm.size
+    )
     profiles = [ReplicaProfile.from_dict(entry) for entry in comm.allgather(profile.to_dict())]
     if all(p.reference_batch is None for p in profiles):
         common = min(p.batch_sizes[-1] for p in profiles)

@@ -64,6 +64,10 @@ class ReplicaProfile:
             so the balancer compares the ranks at one batch size.
         fit_relative_error: RMS relative error of the fitted line on the medians, or None
             where not recorded.
+        sync_time: seconds one step's sync (control and gradient allreduces) took on the
+            job that profiled, the slowest rank's median; None where not measured.
+        sync_bytes: gradient bytes reduced per step, or None.
+        sync_ranks: ranks that took part in the sync measurement, or None.
     """
 
     rank: int
@@ -87,6 +91,9 @@ class ReplicaProfile:
     finished_at: str
     reference_batch: int | None = None
     fit_relative_error: float | None = None
+    sync_time: float | None = None
+    sync_bytes: int | None = None
+    sync_ranks: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
@@ -107,8 +114,35 @@ class ReplicaProfile:
                 f"rank {self.rank}: reference_batch={self.reference_batch!r} must be a whole "
                 "number >= 1 or null"
             )
+        self._check_sync()
         # Validates alpha, beta and cap the way the balancer will use them.
         self.replica_speed()
+
+    def _check_sync(self) -> None:
+        given = [v is not None for v in (self.sync_time, self.sync_bytes, self.sync_ranks)]
+        if any(given) and not all(given):
+            raise ValueError(
+                f"rank {self.rank}: sync_time, sync_bytes and sync_ranks must all be given "
+                "or all be null"
+            )
+        if not any(given):
+            return
+        seconds = self.sync_time
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not (math.isfinite(seconds) and seconds >= 0)
+        ):
+            raise ValueError(
+                f"rank {self.rank}: sync_time={seconds!r} must be a finite number of seconds >= 0"
+            )
+        object.__setattr__(self, "sync_time", float(seconds))
+        for name, low in (("sync_bytes", 0), ("sync_ranks", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(
+                    f"rank {self.rank}: {name}={value!r} must be a whole number >= {low} or null"
+                )
 
     @property
     def samples_per_second(self) -> tuple[float, ...]:
@@ -177,7 +211,9 @@ class ReplicaProfile:
 
 
 # Fields added after the first profiles files were written; older files lack them.
-_OPTIONAL = frozenset({"reference_batch", "fit_relative_error"})
+_OPTIONAL = frozenset(
+    {"reference_batch", "fit_relative_error", "sync_time", "sync_bytes", "sync_ranks"}
+)
 
 
 def utc_now() -> str:

@@ -34,6 +34,7 @@ LR_SCHEDULES = ("cosine", "constant", "step")
 # "share" is lbtrain's exact b_i / B; "uniform" is DDP's and Horovod's 1 / P, kept only to
 # compare against (it over-weights the ranks with small batches).
 WEIGHTINGS = ("share", "uniform")
+REPLAN_MODES = ("auto", "off")
 
 
 @dataclass
@@ -46,7 +47,8 @@ class TrainConfig:
         epochs: passes over the training set.
         global_batch: B, samples per synchronous step summed over all ranks.
         policy: "equal", "proportional" or "cost".
-        min_batch: smallest batch a rank may be given.
+        min_batch: smallest batch a rank may be given; 0 (the default) lets the cost policy
+            leave out a rank whose fixed cost per step outlasts the others' step.
         optimizer: "adam" or "sgd".
         lr: initial learning rate.
         momentum: SGD momentum.
@@ -58,6 +60,10 @@ class TrainConfig:
         devices: "auto", one device for all ranks, or one per rank.
         threads: CPU threads per rank (None: the node's cores over its ranks).
         emulate_slowdown: testing aid, one factor per rank ("1,2,4") or None.
+        emulate_change: testing aid, slowdowns that change mid-run: "EPOCH:F0,F1,..."
+            entries separated by ";" (from that epoch, counted from 1), or None.
+        replan: "auto" switches every rank to the plan the measured compute times imply at
+            an epoch's end when it is predicted more than 5% faster; "off" keeps the plan.
         time_budget: seconds of profiling per rank.
         profiles: reuse a profiles file instead of profiling.
         plan: reuse a plan file instead of profiling and planning.
@@ -77,7 +83,7 @@ class TrainConfig:
     epochs: int = 60
     global_batch: int = 64
     policy: str = "cost"
-    min_batch: int = 1
+    min_batch: int = 0
     optimizer: str = "adam"
     lr: float = 1e-3
     momentum: float = 0.9
@@ -89,6 +95,8 @@ class TrainConfig:
     devices: str = "auto"
     threads: int | None = None
     emulate_slowdown: str | None = None
+    emulate_change: str | None = None
+    replan: str = "auto"
     time_budget: float = 10.0
     profiles: str | None = None
     plan: str | None = None
@@ -106,7 +114,7 @@ class TrainConfig:
         """Check every value; raise one ValueError naming the parameter, value and fix."""
         _whole(self, "epochs", 1)
         _whole(self, "global_batch", 1)
-        _whole(self, "min_batch", 1)
+        _whole(self, "min_batch", 0)
         _whole(self, "lr_step_epochs", 1)
         _whole(self, "eval_every", 0)
         _whole(self, "eval_batch", 1)
@@ -120,6 +128,7 @@ class TrainConfig:
         _choice(self, "optimizer", OPTIMIZERS)
         _choice(self, "lr_schedule", LR_SCHEDULES)
         _choice(self, "weighting", WEIGHTINGS)
+        _choice(self, "replan", REPLAN_MODES)
         _number(self, "lr", low=0.0, open_low=True)
         _number(self, "momentum", low=0.0, high=1.0, open_high=True)
         _number(self, "weight_decay", low=0.0)

@@ -21,6 +21,7 @@ from torch import nn
 
 from lbtrain.comm import Communicator
 from lbtrain.data import balanced_loader
+from lbtrain.emulation import slowdown_schedule
 from lbtrain.profiling import build_report, format_report
 from lbtrain.profiling.record import profiles_to_dict
 from lbtrain.session import agree, build_workload, root_value, setup_replica
@@ -36,7 +37,7 @@ from lbtrain.trainer.config import TrainConfig, save_toml
 from lbtrain.trainer.evaluate import evaluate, predict
 from lbtrain.trainer.loop import EpochRecord, FitResult, StopSignal, fit
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
-from lbtrain.trainer.planning import make_plan
+from lbtrain.trainer.planning import make_plan, plan_notes
 from lbtrain.trainer.progress import Progress
 from lbtrain.trainer.state import checkpoint_state, restore
 from lbtrain.trainer.summary import build_summary, format_summary, rank_totals
@@ -77,6 +78,8 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
     checkpoint = root_value(comm, lambda: _read_checkpoint(config.resume))
     out = Path(root_value(comm, lambda: _prepare_out(config, checkpoint)))
     replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown)
+    slowdown_at = agree(comm, lambda: slowdown_schedule(
+        config.emulate_change, replica.slowdown, comm.rank, comm.size))  # fmt: skip
     workload = build_workload(comm, config.workload, config.seed, config.workload_options)
     agree(comm, lambda: _check_trainable(workload, config, comm.size, checkpoint))
     say(f"{workload.name}: {workload.description}" if workload.description else workload.name)
@@ -96,9 +99,13 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
     profile_seconds = time.perf_counter() - profile_started
     if profiles is not None:
         say(format_report(build_report(profiles, plan.global_batch_size, plan.policy,
-                                       min_batch=plan.min_batch)))  # fmt: skip
+                                       min_batch=plan.min_batch, comm=plan.comm)))  # fmt: skip
     else:
         say(f"plan ({plan.policy}): batches {list(plan.batch_sizes)} of {plan.global_batch_size}")
+        for note in plan_notes(plan):
+            say(note)
+    if config.emulate_change:
+        say(f"emulated slowdown changes: {config.emulate_change} (from epoch: factors per rank)")
 
     device = replica.device
     torch.manual_seed(config.seed)  # the workload's model initialisation
@@ -136,7 +143,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
 
     def run_eval() -> dict[str, Any]:
         return evaluate(
-            model, workload.eval_set, evaluator, comm, plan.weights, device=device,
+            model, workload.eval_set, evaluator, comm, loader.plan.weights, device=device,
             batch_size=config.eval_batch, collate_fn=workload.collate_fn,
         )  # fmt: skip
 
@@ -144,7 +151,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
 
     def snapshot(epoch: int, step: int, global_step: int) -> Path | None:
         state = checkpoint_state(
-            model, optimizer, scheduler, comm, device, epoch, step, global_step, plan,
+            model, optimizer, scheduler, comm, device, epoch, step, global_step, loader.plan,
             profiles, config, workload, devices, history, evaluations,
         )  # fmt: skip
         last["step"] = global_step
@@ -171,8 +178,10 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
             loss_fn=workload.loss_fn, device=device, epochs=config.epochs,
             slowdown=replica.slowdown, start_epoch=position[0], start_step=position[1],
             global_step=position[2], weighting=config.weighting, progress=progress,
-            stop=stop, after_epoch=after_epoch,
+            stop=stop, after_epoch=after_epoch, replan=config.replan == "auto",
+            slowdown_at=slowdown_at,
         )  # fmt: skip
+    plan = loader.plan  # re-planning may have switched it
     if result.stop_code:
         history.append(result.history[-1])  # the interrupted epoch never reached after_epoch
         saved = snapshot(result.epoch, result.step, result.global_step)
@@ -210,6 +219,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
         wall_seconds=time.perf_counter() - started, profile_seconds=profile_seconds,
     )  # fmt: skip
     if comm.rank == 0:
+        atomic_write_text(out / "plan.json", plan.to_json() + "\n")  # the plan in force now
         written = [out / "metrics.json", out / "summary.json"]
         atomic_write_text(written[0], json.dumps(metrics, indent=2) + "\n")
         atomic_write_text(written[1], json.dumps(summary, indent=2) + "\n")
@@ -293,11 +303,14 @@ def _check_trainable(
             f"workload {config.workload!r} has no training or evaluation data, so it can be "
             "profiled but not trained; give its Workload a train_set and an eval_set"
         )
-    if config.global_batch < world_size * config.min_batch:
+    # `equal`, the report's baseline, gives every rank at least one sample.
+    least = max(1, config.min_batch)
+    if config.global_batch < world_size * least:
         raise ValueError(
             f"global_batch={config.global_batch} is smaller than {world_size} ranks x "
-            f"min_batch={config.min_batch}; raise global_batch to at least "
-            f"{world_size * config.min_batch} or launch fewer ranks"
+            f"{least} sample(s) (min_batch={config.min_batch}, and equal gives each rank at "
+            f"least 1); raise global_batch to at least {world_size * least} or launch fewer "
+            "ranks"
         )
     if len(workload.train_set) < world_size:  # type: ignore[arg-type]
         raise ValueError(

@@ -20,11 +20,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from lbtrain.balancer import BalancePlan
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.devices import synchronize
@@ -32,6 +34,7 @@ from lbtrain.emulation import Slowdown
 from lbtrain.gradients import sync_gradients
 from lbtrain.session import CollectiveError
 from lbtrain.trainer.progress import Progress
+from lbtrain.trainer.replan import predicted_steps, propose
 
 __all__ = ["EpochRecord", "FitResult", "StopSignal", "TrainingDiverged", "fit"]
 
@@ -83,6 +86,33 @@ class EpochRecord:
     compute: float = 0.0
     wait: float = 0.0
     comm: float = 0.0
+    own_samples: int = 0
+    predicted_compute: float = 0.0
+    predicted_seconds: float = 0.0
+    slowdown: float = 1.0
+    batch_sizes: list[int] = field(default_factory=list)
+    ranks: list[dict[str, float]] = field(default_factory=list)
+    replan: dict[str, Any] | None = None
+
+    @property
+    def step_seconds(self) -> float:
+        """Measured seconds per step."""
+        return self.seconds / max(self.steps, 1)
+
+    @property
+    def predicted_step_seconds(self) -> float:
+        """The plan's predicted seconds per step, for the steps this epoch took."""
+        return self.predicted_seconds / max(self.steps, 1)
+
+    @property
+    def idle_fraction(self) -> float:
+        """The share of the working ranks' time spent waiting for the slowest.
+
+        Ranks with no samples are left out: the plan idles them on purpose (and says so).
+        """
+        working = [r for r in self.ranks if r["samples"] > 0]
+        total = sum(r["seconds"] for r in working)
+        return sum(r["wait"] for r in working) / total if total > 0 else 0.0
 
     @property
     def loss(self) -> float:
@@ -124,6 +154,8 @@ def fit(
     progress: Progress | None = None,
     stop: StopSignal | None = None,
     after_epoch: Callable[[EpochRecord, int], None] | None = None,
+    replan: bool = False,
+    slowdown_at: Callable[[int], Slowdown] | None = None,
 ) -> FitResult:
     """Train from (start_epoch, start_step) to the end of `epochs`; collective.
 
@@ -143,7 +175,12 @@ def fit(
         progress: rank-0 display.
         stop: signal catcher; a caught signal on any rank stops every rank after the step.
         after_epoch: called on every rank with the epoch's record and the global step
-            (evaluation and checkpoints happen there).
+            (evaluation and checkpoints happen there), after any re-plan, so a checkpoint
+            holds the plan of the next epoch.
+        replan: at each epoch's end, switch every rank to the plan that the measured compute
+            times imply when it is predicted more than 5% faster (`loader.plan` follows).
+        slowdown_at: the emulated slowdown of each epoch, for a slowdown that changes
+            mid-run (a testing aid); default `slowdown` throughout.
 
     Raises:
         TrainingDiverged: on every rank, when any rank's loss is not finite.
@@ -159,7 +196,15 @@ def fit(
     model.train()
     for epoch in range(start_epoch, epochs):
         loader.set_epoch(epoch)
-        record = EpochRecord(epoch)
+        if slowdown_at is not None:
+            slowdown = slowdown_at(epoch)
+        plan = loader.plan
+        # The plan's prediction for each step of the epoch, to set beside what it measures.
+        predictions = [
+            predicted_steps(plan, shares, comm.rank)
+            for _, _, shares in loader.batch_sampler.schedule
+        ]
+        record = EpochRecord(epoch, slowdown=slowdown.factor, batch_sizes=list(plan.batch_sizes))
         first = start_step if epoch == start_epoch else 0
         progress.start_epoch(epoch, len(loader), first)
         began = mark = time.perf_counter()
@@ -168,20 +213,23 @@ def fit(
                 mark = time.perf_counter()
                 continue
             weight = loader.weight
-            with slowdown.step(synchronize=sync_device, cpu_timer=cpu_timer):
-                inputs, targets = inputs.to(device), targets.to(device)
-                optimizer.zero_grad(set_to_none=True)
-                outputs = model(inputs)
-                loss = loss_fn(outputs, targets)
-                loss.backward()
+            value, correct = 0.0, 0.0
+            optimizer.zero_grad(set_to_none=True)
+            if not loader.empty:  # a zero share computes nothing and adds zeros in the sync
+                with slowdown.step(synchronize=sync_device, cpu_timer=cpu_timer):
+                    inputs, targets = inputs.to(device), targets.to(device)
+                    outputs = model(inputs)
+                    loss = loss_fn(outputs, targets)
+                    loss.backward()
+                value = float(loss.detach())
+                correct = float((outputs.detach().argmax(1) == targets).sum())
             computed = time.perf_counter()
-            value = float(loss.detach())
             finite = math.isfinite(value)
             # [weighted loss, correct, non-finite ranks, SIGINTs, SIGTERMs, samples]
             control = np.array(
                 [
                     weight * value if finite else 0.0,
-                    float((outputs.detach().argmax(1) == targets).sum()),
+                    correct,
                     0.0 if finite else 1.0,
                     float(stop is not None and signal.SIGINT in stop.signals),
                     float(stop is not None and signal.SIGTERM in stop.signals),
@@ -205,6 +253,9 @@ def fit(
             done = time.perf_counter()
             global_step += 1
             batch = int(control[5])
+            record.own_samples += len(targets)
+            record.predicted_compute += predictions[step][0]
+            record.predicted_seconds += predictions[step][1]
             record.steps += 1
             record.samples += batch
             record.loss_sum += float(control[0]) * batch
@@ -224,11 +275,40 @@ def fit(
                 return FitResult(epoch, step + 1, global_step, history, code)
         record.seconds = time.perf_counter() - began
         history.append(record)
+        record.ranks = comm.allgather(_measured(record))
         progress.end_epoch(
             f"epoch {epoch + 1}/{epochs}  loss {record.loss:.4f}  train acc "
             f"{100 * record.accuracy:6.2f} %  {record.seconds:.1f} s  "
-            f"{record.samples / max(record.seconds, 1e-9):,.0f} samples/s"
+            f"{record.samples / max(record.seconds, 1e-9):,.0f} samples/s  step "
+            f"{1e3 * record.step_seconds:.1f} ms (predicted "
+            f"{1e3 * record.predicted_step_seconds:.1f})"
+            f"  idle {100 * record.idle_fraction:.0f} %"
         )
+        if replan and epoch + 1 < epochs:
+            change = propose(plan, record.ranks)
+            # Rank 0's decision for all: every rank must switch to the very same plan.
+            chosen = comm.bcast(None if change is None else change.plan.to_dict(), root=0)
+            if chosen is not None:
+                new_plan = BalancePlan.from_dict(chosen)
+                if change is not None:
+                    record.replan = change.to_dict(plan)
+                    progress.line(f"  after epoch {epoch + 1}: {change.describe(plan)}")
+                loader.set_plan(new_plan)
         if after_epoch is not None:
             after_epoch(record, global_step)
     return FitResult(epochs, 0, global_step, history)
+
+
+def _measured(record: EpochRecord) -> dict[str, float]:
+    """What this rank shares at the end of an epoch (for the log, the summary, re-planning)."""
+    return {
+        "compute": record.compute,
+        "predicted": record.predicted_compute,
+        "wait": record.wait,
+        "comm": record.comm,
+        "seconds": record.seconds,
+        "samples": float(record.own_samples),
+        "steps": float(record.steps),
+        "slowdown": record.slowdown,
+        "seconds_per_sample": record.compute / record.own_samples if record.own_samples else 0.0,
+    }

@@ -6,15 +6,28 @@ Every function here is collective: all ranks call it and get the same plan.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from lbtrain.balancer import BalancePlan, plan_batches
+from lbtrain.balancer import (
+    BalancePlan,
+    idle_ranks_note,
+    min_batch_note,
+    plan_batches,
+    subset_note,
+)
 from lbtrain.comm import Communicator
-from lbtrain.profiling import ProfileConfig, ReplicaProfile
+from lbtrain.profiling import (
+    ProfileConfig,
+    ReplicaProfile,
+    comm_cost,
+    outside_measured,
+    retime_profiles,
+)
 from lbtrain.session import (
     Replica,
     agree,
@@ -25,7 +38,10 @@ from lbtrain.session import (
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.workloads import Workload
 
-__all__ = ["make_plan"]
+__all__ = ["make_plan", "plan_notes"]
+
+# Re-timing converges in one or two rounds; a third is a guard against a plan that flips.
+RETIME_ROUNDS = 3
 
 
 def make_plan(
@@ -61,6 +77,7 @@ def make_plan(
         data = root_value(comm, lambda: _read_plan(config.plan))
         plan = agree(comm, lambda: _plan_from(data, config, comm.size))
         return plan, None
+    started = time.perf_counter()
     if config.profiles:
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
     else:
@@ -76,11 +93,38 @@ def make_plan(
             ),
         )
         profiles = profile_workload(comm, replica, workload, profile_config, make_optimizer)
-    plan = agree(
-        comm,
-        lambda: plan_batches(profiles, config.global_batch, config.policy,
-                             min_batch=config.min_batch),
-    )  # fmt: skip
+
+    def plan_from(profiles: list[ReplicaProfile]) -> BalancePlan:
+        return agree(comm, lambda: plan_batches(
+            profiles, config.global_batch, config.policy, min_batch=config.min_batch,
+            comm=comm_cost(profiles)))  # fmt: skip
+
+    plan = plan_from(profiles)
+    model = optimizer = None
+    for _ in range(RETIME_ROUNDS):
+        # No extrapolation: a share far outside the measured batches is timed where it falls.
+        wanted = [b if outside_measured(p, b) else None for p, b in zip(profiles, plan.batch_sizes,
+                                                                        strict=True)]  # fmt: skip
+        over = time.perf_counter() - started > 2 * config.time_budget
+        if not any(wanted) or over:
+            break
+        if comm.rank == 0 and not config.quiet:
+            ranks = ", ".join(
+                f"rank {r} at batch {b} (measured {min(profiles[r].batch_sizes)}.."
+                f"{max(profiles[r].batch_sizes)})" for r, b in enumerate(wanted) if b
+            )  # fmt: skip
+            print(f"timing {ranks}, then planning again", flush=True)
+        if model is None:
+            model = workload.build_model().to(replica.device)
+            optimizer = make_optimizer(model.parameters())
+        profiles = retime_profiles(
+            comm, model, optimizer, workload.loss_fn, workload.make_batch, profiles, wanted,
+            device=replica.device, slowdown=replica.slowdown,
+            config=ProfileConfig(seed=config.seed, time_budget=config.time_budget),
+        )  # fmt: skip
+        previous, plan = plan, plan_from(profiles)
+        if plan.batch_sizes == previous.batch_sizes:
+            break
     return plan, profiles
 
 
@@ -123,3 +167,9 @@ def _check_plan(plan: BalancePlan, config: TrainConfig, world_size: int) -> None
 
 def _device_list(devices: list[dict[str, Any]]) -> str:
     return ",".join(str(d.get("device")) for d in devices)
+
+
+def plan_notes(plan: BalancePlan) -> list[str]:
+    """What the user should know about a plan: idle ranks, and launches predicted faster."""
+    notes = (idle_ranks_note(plan), min_batch_note(plan), subset_note(plan))
+    return [note for note in notes if note]

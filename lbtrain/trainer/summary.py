@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,7 +15,7 @@ from lbtrain.balancer import BalancePlan
 from lbtrain.comm import Communicator
 from lbtrain.trainer.loop import EpochRecord
 
-__all__ = ["build_summary", "format_summary", "rank_totals"]
+__all__ = ["build_summary", "format_summary", "prediction_error", "rank_totals"]
 
 
 def rank_totals(comm: Communicator, history: Sequence[EpochRecord]) -> list[dict[str, float]]:
@@ -27,6 +28,21 @@ def rank_totals(comm: Communicator, history: Sequence[EpochRecord]) -> list[dict
         "comm": sum(r.comm for r in history),
     }
     return comm.allgather(mine)
+
+
+def prediction_error(history: Sequence[EpochRecord]) -> float | None:
+    """Median of |measured - predicted| / predicted step time over epochs 2 and later.
+
+    The first epoch pays one-off costs (allocation, caches, lazy initialisation) that no
+    steady-state model predicts. Epochs without a prediction (an older checkpoint's) are
+    left out.
+    """
+    errors = [
+        abs(r.step_seconds - r.predicted_step_seconds) / r.predicted_step_seconds
+        for r in history
+        if r.epoch >= 1 and r.steps and r.predicted_seconds > 0
+    ]
+    return statistics.median(errors) if errors else None
 
 
 def build_summary(
@@ -78,6 +94,7 @@ def build_summary(
         "samples_per_second": samples / train_seconds if train_seconds > 0 else None,
         "measured_step_seconds": train_seconds / steps if history else None,
         "predicted_step_seconds": plan.predicted_step_time,
+        "prediction_error_median": prediction_error(history),
         "epochs": [
             {
                 "epoch": r.epoch + 1,
@@ -86,6 +103,12 @@ def build_summary(
                 "seconds": r.seconds,
                 "steps": r.steps,
                 "samples": r.samples,
+                "batch_sizes": r.batch_sizes,
+                "measured_step_seconds": r.step_seconds,
+                "predicted_step_seconds": r.predicted_step_seconds,
+                "idle_fraction": r.idle_fraction,
+                "ranks": r.ranks,
+                "replan": r.replan,
             }
             for r in history
         ],
@@ -109,10 +132,15 @@ def format_summary(
     measured = summary["measured_step_seconds"]
     predicted = summary["predicted_step_seconds"]
     if measured:
+        error = summary.get("prediction_error_median")
         lines.append(
             f"  step time: measured {1e3 * measured:.2f} ms, predicted {1e3 * predicted:.2f} ms "
-            "(compute of the slowest rank, from the profiles)"
+            "(slowest rank's compute, then the sync)"
+            + (f"; median error from epoch 2 on {100 * error:.1f}%" if error is not None else "")
         )
+    replans = sum(1 for epoch in summary["epochs"] if epoch.get("replan"))
+    if replans:
+        lines.append(f"  re-planned {replans} time(s); the plan in force is shown below")
     header = f"  {'rank':>4}  {'device':<10} {'batch':>6}  {'compute':>8} {'comm':>7} {'wait':>7}"
     lines += ["", header]
     for row in summary["ranks"]:

@@ -13,6 +13,7 @@ from tests.mpi.launch import lbtrain_command, mpiexec_path
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "profiles_3ranks.json"
+GPU_CPU = ROOT / "tests" / "fixtures" / "profiles_gpu_cpu.json"
 
 
 def _run(command: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -37,13 +38,41 @@ def test_balance_report_from_a_profiles_file():
     )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert data["throughput_ratio"] == pytest.approx(7 / 3)
+    # T* = (B + sum alpha/beta) / sum(1/beta), in ms: every rank's share is positive.
+    t_star = (300 + 10 / 0.9 + 30 / 1.7 + 40 / 3.6) / (1 / 0.9 + 1 / 1.7 + 1 / 3.6) * 1e-3
+    assert data["ideal"]["step"] == pytest.approx(t_star)
+    assert data["notes"] == [] and "throughput_ratio" not in data
     cost = data["policies"]["cost"]
     assert [r["batch_size"] for r in cost["ranks"]] == [180, 84, 36]
     assert cost["predicted_step_time"] == pytest.approx(0.1728)
+    assert cost["efficiency"] == pytest.approx(t_star / 0.1728)
     table = _run([*lbtrain_command(), "balance-report", "--profiles", str(FIXTURE)])
     assert table.returncode == 0, table.stderr
     assert "policy cost" in table.stdout and "speedup vs equal" in table.stdout
+    assert "ratio" not in table.stdout
+
+
+def test_balance_report_leaves_out_ranks_whose_fixed_cost_outlasts_the_step():
+    base = [*lbtrain_command(), "balance-report", "--profiles", str(GPU_CPU)]
+    table = _run([*base, "--global-batch", "1024"])
+    assert table.returncode == 0, table.stderr
+    assert "note: ranks 1, 2, 3 get no samples" in table.stdout
+    assert "ratio" not in table.stdout
+    # --min-batch 1 turns zero shares off; the note says what they would save.
+    result = _run([*base, "--global-batch", "1024", "--min-batch", "1", "--format", "json"])
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    cost = data["policies"]["cost"]
+    assert [r["batch_size"] for r in cost["ranks"]] == [1021, 1, 1, 1]
+    assert cost["predicted_step_time"] == pytest.approx(2.6e-3 + 65e-6)  # rank 3, one sample
+    assert all(p["efficiency"] <= 1 for p in data["policies"].values())
+    (note,) = data["notes"]
+    assert "ranks 1, 2, 3 would get no samples" in note
+    # A library error names the flags here, not the library's parameters.
+    small = _run([*base, "--global-batch", "3"])
+    assert small.returncode == 2
+    assert "--global-batch 3" in small.stderr and "--min-batch 0" in small.stderr
+    assert "min_batch=" not in small.stderr and "Traceback" not in small.stderr
 
 
 def test_missing_profiles_file_is_one_line_and_exit_2(tmp_path):

@@ -115,3 +115,31 @@ def test_a_checkpoint_of_another_model_or_split_is_refused(tmp_path, capsys):
             "--out", str(tmp_path / "next"), *change,
         )  # fmt: skip
         _one_error(code, err, "another model or data", *needles)
+
+
+def test_a_share_outside_the_profiled_batches_is_timed_there_before_training(
+    two_epochs, tmp_path, capsys
+):
+    # Profiles that only measured batches 2 and 4: the plan's 40 lies far outside them.
+    profiles = json.loads((two_epochs / "profiles.json").read_text())
+    (entry,) = profiles["profiles"]
+    entry["batch_sizes"], entry["step_times"] = [2, 4], [1e-3, 2e-3]
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps(profiles))
+    out = tmp_path / "r"
+    code, _, err = _train(capsys, "--profiles", str(path), "--epochs", "1", "--out", str(out))
+    assert code == 0, err
+    (used,) = json.loads((out / "profiles.json").read_text())["profiles"]
+    assert used["batch_sizes"] == [2, 4, 40]
+    assert used["step_times"][:2] == [1e-3, 2e-3] and used["step_times"][2] > 0
+    # The message names the rank, the batch and the measured range.
+    code, stdout, err = _train_loud(capsys, "--profiles", str(path), "--epochs", "1", "--out",
+                                  str(tmp_path / "loud"))  # fmt: skip
+    assert code == 0, err
+    assert "timing rank 0 at batch 40 (measured 2..4), then planning again" in stdout
+
+
+def _train_loud(capsys, *args: str) -> tuple[int, str, str]:
+    code = main([*(a for a in BASE if a != "--quiet"), *args], comm=SingleProcessCommunicator())
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -9,7 +9,7 @@ from tests.mpi.launch import SCRIPTS, run_mpi
 
 @pytest.mark.parametrize(
     ("ranks", "sizes"),
-    [(3, "5,11,48"), (2, "1,30")],
+    [(3, "5,11,48"), (2, "1,30"), (3, "20,0,44")],
 )
 def test_unequal_shares_match_one_process_and_naive_average_does_not(ranks, sizes):
     result = run_mpi(SCRIPTS / "exactness.py", ranks, sizes, timeout=180)

@@ -1,4 +1,4 @@
-"""User errors under mpiexec: every rank stops with one clear line, none is left hanging."""
+"""Profiling under mpiexec: one job-wide sync time, and user errors stopping every rank once."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from lbtrain.profiling import comm_cost, load_profiles
+from lbtrain.workloads import toy_workload
 from tests.mpi.launch import run_mpi
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "profiles_3ranks.json"
@@ -18,6 +20,40 @@ def _assert_one_line_error(result, *needles):
     assert len(errors) == 1, result.stderr  # reported once, not once per rank
     for needle in needles:
         assert needle in errors[0], (needle, errors[0])
+
+
+def test_two_ranks_record_the_same_measured_sync_of_the_workloads_gradients(tmp_path):
+    output = tmp_path / "p.json"
+    result = run_mpi(
+        "lbtrain",
+        2,
+        "profile",
+        "-o",
+        str(output),
+        "--workload",
+        "toy",
+        "--devices",
+        "cpu",
+        "--time-budget",
+        "1",
+        "--batch-sizes",
+        "8,16",
+        "--repeats",
+        "3",
+        module=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    profiles = load_profiles(output, world_size=2)
+    model = toy_workload().build_model()
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    syncs = {(p.sync_time, p.sync_bytes, p.sync_ranks) for p in profiles}
+    assert len(syncs) == 1, syncs  # one job-wide figure, not each rank's own
+    ((seconds, measured_bytes, ranks),) = syncs
+    assert (measured_bytes, ranks) == (nbytes, 2)
+    assert seconds is not None and seconds > 0  # real messages between two processes
+    cost = comm_cost(profiles)
+    assert cost is not None and (cost.seconds, cost.world_size) == (seconds, 2)
 
 
 def test_slowdown_list_of_the_wrong_length_stops_all_three_ranks(tmp_path):

@@ -78,3 +78,18 @@ def test_the_naive_average_does_not_match(one_process, tmp_path):
     model, sizes = _three_ranks(tmp_path / "run", "--policy", "cost", "--weighting", "uniform")
     assert len(set(sizes)) > 1
     assert _max_difference(model, one_process) > 1e-3
+
+
+def test_a_rank_with_a_zero_share_keeps_the_update_exact(one_process, tmp_path):
+    """Rank 1 gets no samples: it skips compute, adds zeros, and the job still matches."""
+    from lbtrain.balancer import BalancePlan, ReplicaSpeed
+
+    speeds = (ReplicaSpeed(100.0), ReplicaSpeed(1.0, alpha=1.0), ReplicaSpeed(50.0))
+    plan = BalancePlan("cost", 40, (26, 0, 14), speeds)
+    (tmp_path / "plan.json").write_text(plan.to_json(), encoding="utf-8")
+    # --replan off keeps the plan for both epochs (auto could hand rank 1 samples again).
+    model, sizes = _three_ranks(
+        tmp_path / "run", "--plan", str(tmp_path / "plan.json"), "--replan", "off"
+    )
+    assert sizes == [26, 0, 14]
+    assert _max_difference(model, one_process) < 1e-5

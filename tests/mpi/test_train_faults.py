@@ -42,7 +42,14 @@ def _plan(folder: Path, throughputs: list[float]) -> Path:
 
 
 def _faulty(*args: str) -> list[str]:
-    return ["--workload", FAULTY, "--global-batch", str(BATCH), "--threads", "1", *args]
+    # --replan off: resumed runs are compared bit for bit, and a re-plan (timing-driven)
+    # would split the batches differently, which changes the float rounding. --min-batch 1:
+    # a fault injected on a rank fires only if that rank computes, and on this sub-ms
+    # workload `cost` may well leave a rank without samples.
+    return [
+        "--workload", FAULTY, "--global-batch", str(BATCH), "--threads", "1", "--replan",
+        "off", "--min-batch", "1", *args,
+    ]  # fmt: skip
 
 
 class Job:

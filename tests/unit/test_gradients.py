@@ -71,3 +71,12 @@ def test_buckets_split_by_size_dtype_and_skip_frozen_parameters():
 def test_bad_weight_is_rejected(weight):
     with pytest.raises(ValueError, match="weight="):
         sync_gradients(make_model(), weight, SingleProcessCommunicator())
+
+
+def test_zero_weight_adds_exact_zeros_even_over_stale_nan_gradients():
+    """A zero-share rank skips backward; whatever its gradients hold, it adds zeros."""
+    model = make_model()
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    sync_gradients(model, 0.0, SingleProcessCommunicator())
+    assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model.parameters())

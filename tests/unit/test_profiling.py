@@ -301,6 +301,9 @@ def test_profile_all_single_process_gives_one_record_with_common_reference():
     assert profile.rank == 0
     assert profile.reference_batch == 32
     assert profile.alpha == pytest.approx(ALPHA, rel=1e-6)
+    # The sync is timed on the same clock; a fake one does not move during it.
+    params = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    assert (profile.sync_time, profile.sync_bytes, profile.sync_ranks) == (0.0, params, 1)
 
 
 def _profile(rank: int = 0, **changes) -> ReplicaProfile:
@@ -347,8 +350,54 @@ def test_profile_json_round_trip(tmp_path):
 def test_older_files_without_optional_fields_still_load():
     data = _profile().to_dict()
     del data["reference_batch"], data["fit_relative_error"]
+    del data["sync_time"], data["sync_bytes"], data["sync_ranks"]
     profile = ReplicaProfile.from_dict(data)
     assert profile.reference_batch is None and profile.throughput_batch == 20
+    assert (profile.sync_time, profile.sync_bytes, profile.sync_ranks) == (None, None, None)
+
+
+def test_sync_fields_round_trip_through_json_and_the_profiles_file(tmp_path):
+    profiles = [_profile(rank, sync_time=0.0125, sync_bytes=4096, sync_ranks=2) for rank in (0, 1)]
+    assert ReplicaProfile.from_json(profiles[0].to_json()) == profiles[0]
+    path = save_profiles(tmp_path / "p.json", profiles)
+    loaded = load_profiles(path, world_size=2)
+    assert loaded == profiles
+    assert (loaded[1].sync_time, loaded[1].sync_bytes, loaded[1].sync_ranks) == (0.0125, 4096, 2)
+    data = json.loads(path.read_text())
+    assert data["profiles"][0]["sync_ranks"] == 2
+    # A whole number of seconds in hand-written JSON is read as a float.
+    assert _profile(sync_time=0, sync_bytes=0, sync_ranks=1).sync_time == 0.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"sync_time": -0.1, "sync_bytes": 8, "sync_ranks": 2}, "sync_time"),
+        ({"sync_time": float("nan"), "sync_bytes": 8, "sync_ranks": 2}, "sync_time"),
+        ({"sync_time": float("inf"), "sync_bytes": 8, "sync_ranks": 2}, "sync_time"),
+        ({"sync_time": True, "sync_bytes": 8, "sync_ranks": 2}, "sync_time"),
+        ({"sync_time": "1", "sync_bytes": 8, "sync_ranks": 2}, "sync_time"),
+        ({"sync_time": 0.1, "sync_bytes": -1, "sync_ranks": 2}, "sync_bytes"),
+        ({"sync_time": 0.1, "sync_bytes": 8.5, "sync_ranks": 2}, "sync_bytes"),
+        ({"sync_time": 0.1, "sync_bytes": 8, "sync_ranks": 0}, "sync_ranks"),
+        ({"sync_time": 0.1, "sync_bytes": 8, "sync_ranks": False}, "sync_ranks"),
+        ({"sync_time": 0.1}, "all be given"),
+        ({"sync_bytes": 8, "sync_ranks": 2}, "all be given"),
+    ],
+)
+def test_invalid_sync_fields_are_rejected_in_one_line(changes, needle):
+    with pytest.raises(ValueError, match=needle) as info:
+        _profile(**changes)
+    assert "\n" not in str(info.value)
+
+
+def test_a_file_with_a_bad_sync_field_names_the_field_and_the_fix(tmp_path):
+    path = save_profiles(tmp_path / "p.json", [_profile(sync_time=0.1, sync_bytes=8, sync_ranks=1)])
+    data = json.loads(path.read_text())
+    data["profiles"][0]["sync_ranks"] = 0
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileFileError, match=r"sync_ranks=0.*lbtrain profile"):
+        load_profiles(path)
 
 
 def test_profile_records_feed_plan_batches_and_balanced_loader_directly():

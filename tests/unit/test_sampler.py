@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from torch.utils.data import TensorDataset
 
 from lbtrain import balanced_loader, plan_batches
+from lbtrain.balancer import ReplicaSpeed
 from lbtrain.data import BalancedBatchSampler
 
 
@@ -20,9 +21,12 @@ def all_ranks(num_samples, plan, **kwargs):
 def plans_and_sizes(draw):
     count = draw(st.integers(min_value=1, max_value=6))
     speeds = draw(st.lists(st.floats(0.5, 100.0), min_size=count, max_size=count))
+    # Fixed costs make the cost policy leave slow ranks out (zero shares) in many draws.
+    alphas = draw(st.lists(st.floats(0.0, 2.0), min_size=count, max_size=count))
     batch = draw(st.integers(min_value=count, max_value=80))
     policy = draw(st.sampled_from(["equal", "proportional", "cost"]))
-    plan = plan_batches(speeds, batch, policy)
+    ranks = [ReplicaSpeed(s, alpha=a) for s, a in zip(speeds, alphas, strict=True)]
+    plan = plan_batches(ranks, batch, policy, min_batch=draw(st.integers(0, 1)))
     num_samples = draw(st.integers(min_value=count, max_value=400))
     return plan, num_samples
 
@@ -41,7 +45,11 @@ def test_shares_are_disjoint_cover_the_data_and_step_counts_agree(case, epoch, s
     seen = [i for batches in per_rank for batch in batches for i in batch]
     assert sorted(seen) == list(range(num_samples)), "each sample exactly once per epoch"
     for step in range(steps.pop()):
-        assert all(len(batches[step]) >= 1 for batches in per_rank), "no empty batch"
+        for rank, batches in enumerate(per_rank):
+            if plan.batch_sizes[rank]:
+                assert len(batches[step]) >= 1, "a rank with a share never gets an empty batch"
+            else:
+                assert batches[step] == [], "a zero share is empty at every step"
         weights = [s.step_weights[step] for s in samplers]
         assert sum(weights) == pytest.approx(1.0)
         step_total = sum(len(batches[step]) for batches in per_rank)
@@ -145,3 +153,43 @@ def test_merged_tail_keeps_caps_when_the_others_can_take_the_extra():
     assert plan.batch_sizes == (8, 2)
     samplers = all_ranks(11, plan, shuffle=False)  # 10 + a 1-sample tail, merged
     assert [s.step_batch_sizes for s in samplers] == [(8,), (3,)]
+
+
+def zero_share_plan():
+    # Rank 1's fixed cost (1 s) outlasts rank 0's whole step: the cost policy leaves it out.
+    ranks = [ReplicaSpeed(100.0, alpha=0.01), ReplicaSpeed(10.0, alpha=1.0)]
+    plan = plan_batches(ranks, 8, "cost")
+    assert plan.batch_sizes == (8, 0) and plan.idle_ranks == (1,)
+    return plan
+
+
+class ItemsDataset(torch.utils.data.Dataset):
+    """A dataset that returns whole batches from __getitems__, as the hyperspectral one does."""
+
+    def __init__(self, n: int) -> None:
+        self.x = torch.arange(n * 3, dtype=torch.float32).reshape(n, 3)
+        self.y = torch.arange(n) % 2
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitems__(self, indices):
+        return self.x[indices], self.y[indices]
+
+
+@pytest.mark.parametrize("items", [False, True])
+def test_zero_share_loader_yields_empty_batches_of_the_right_shape_every_step(items):
+    plan = zero_share_plan()
+    if items:
+        dataset, collate = ItemsDataset(20), (lambda batch: batch)
+    else:
+        dataset, collate = TensorDataset(torch.zeros(20, 3), torch.zeros(20).long()), None
+    busy = balanced_loader(plan, dataset, rank=0, collate_fn=collate)
+    idle = balanced_loader(plan, dataset, rank=1, collate_fn=collate)
+    assert idle.empty and not busy.empty
+    batches = list(idle)
+    assert len(batches) == len(busy) == 3  # 8 + 8 + a tail of 4: the same steps on both
+    for x, y in batches:
+        assert x.shape == (0, 3) and y.shape == (0,) and y.dtype == torch.long
+    assert idle.weight == 0.0 and set(idle.step_weights) == {0.0}
+    assert sum(len(x) for x, _ in busy) == 20

@@ -1,0 +1,141 @@
+"""The balance report as text: an aligned table, markdown, or JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from lbtrain.balancer import BalancePlan
+
+if TYPE_CHECKING:  # report.py imports this module; the type is only needed for hints
+    from lbtrain.profiling.report import BalanceReport
+
+__all__ = ["FORMATS", "format_report", "rank_rows"]
+
+FORMATS = ("table", "json", "markdown")
+
+_RANK_HEADER = [
+    "rank",
+    "host",
+    "device",
+    "samples/s",
+    "alpha (ms)",
+    "beta (us/sample)",
+    "cap",
+    "batch",
+    "weight",
+    "compute (ms)",
+    "idle (ms)",
+]
+
+
+def rank_rows(plan: BalancePlan) -> list[tuple[int, float, float, float]]:
+    """Per rank: batch, weight, predicted compute and idle seconds (0 compute at b = 0)."""
+    return list(
+        zip(
+            plan.batch_sizes,
+            plan.weights,
+            plan.predicted_step_times,
+            plan.predicted_idle_times,
+            strict=True,
+        )
+    )
+
+
+def format_report(report: BalanceReport, fmt: str = "table") -> str:
+    """Render the report as "table" (aligned text), "markdown" or "json"."""
+    if fmt == "json":
+        return json.dumps(report.to_dict(), indent=2)
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
+    markdown = fmt == "markdown"
+    render = _markdown_table if markdown else _text_table
+    p = len(report.profiles)
+    ideal = report.ideal
+    if report.comm is None:
+        sync = "not measured"
+    else:
+        ranks = report.comm.world_size
+        sync = f"measured on {ranks} rank{'s' if ranks != 1 else ''}"
+    lines = [
+        f"lbtrain balance report: {p} rank{'s' if p != 1 else ''}, global batch "
+        f"{report.global_batch_size}",
+        f"ideal step {_ms(ideal.step)} ms = compute {_ms(ideal.compute)} (ranks with samples "
+        f"finishing together) + sync {_ms(ideal.comm)} ({sync}); no plan beats it",
+        "",
+        render(
+            ["policy", "compute (ms)", "comm (ms)", "step (ms)", "speedup vs equal", "efficiency"],
+            [
+                [
+                    r.policy,
+                    _ms(r.compute_time),
+                    _ms(r.comm_time),
+                    _ms(r.predicted_step_time),
+                    f"{r.speedup_over_equal:.2f}x",
+                    f"{100 * r.efficiency:.1f}%",
+                ]
+                for r in report.results
+            ],
+            left=1,
+        ),
+    ]
+    for result in report.results:
+        rows = []
+        for profile, (b, w, t, idle) in zip(report.profiles, rank_rows(result.plan), strict=True):
+            device = profile.device + (f" x{profile.slowdown:g}" if profile.slowdown != 1 else "")
+            rows.append(
+                [
+                    str(profile.rank),
+                    profile.host,
+                    device,
+                    f"{profile.throughput:,.1f}",
+                    f"{1e3 * profile.alpha:.3f}",
+                    f"{1e6 * profile.beta:.2f}",
+                    "-" if profile.cap is None else str(profile.cap),
+                    str(b),
+                    f"{w:.4f}",
+                    _ms(t),
+                    _ms(idle),
+                ]
+            )
+        title = (
+            f"policy {result.policy}: predicted step {_ms(result.predicted_step_time)} ms "
+            f"(compute {_ms(result.compute_time)} + sync {_ms(result.comm_time)})"
+        )
+        lines += ["", f"### {title}" if markdown else title, "", render(_RANK_HEADER, rows)]
+    batches = ", ".join(map(str, sorted({profile.throughput_batch for profile in report.profiles})))
+    lines += [
+        "",
+        f"samples/s: measured at batch {batches}; the plans use alpha + beta x batch.",
+    ]
+    if any(p.slowdown != 1 for p in report.profiles):
+        lines.append("xF after a device: emulated slowdown factor (--emulate-slowdown).")
+    if report.notes:
+        lines += ["", "### notes", ""] if markdown else [""]
+        lines += [f"- {note}" if markdown else f"note: {note}" for note in report.notes]
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.3f}"
+
+
+def _text_table(header: list[str], rows: list[list[str]], left: int = 3) -> str:
+    """Aligned columns: the first `left` flush left (names), the rest flush right (figures)."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+
+    def line(cells: list[str]) -> str:
+        padded = [
+            cell.ljust(width) if index < left else cell.rjust(width)
+            for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def _markdown_table(header: list[str], rows: list[list[str]], left: int = 3) -> str:
+    del left  # markdown renderers align the cells themselves
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
