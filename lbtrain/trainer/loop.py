@@ -34,7 +34,7 @@ from lbtrain.emulation import Slowdown
 from lbtrain.gradients import sync_gradients
 from lbtrain.session import CollectiveError
 from lbtrain.trainer.progress import Progress
-from lbtrain.trainer.replan import predicted_steps, propose
+from lbtrain.trainer.replan import predicted_steps, propose, refreshed
 
 __all__ = ["EpochRecord", "FitResult", "StopSignal", "TrainingDiverged", "fit"]
 
@@ -177,8 +177,9 @@ def fit(
         after_epoch: called on every rank with the epoch's record and the global step
             (evaluation and checkpoints happen there), after any re-plan, so a checkpoint
             holds the plan of the next epoch.
-        replan: at each epoch's end, switch every rank to the plan that the measured compute
-            times imply when it is predicted more than 5% faster (`loader.plan` follows).
+        replan: at each epoch's end, refresh the plan's speed model and sync cost from what
+            the epoch measured (the next epoch's prediction), and switch every rank to the
+            plan they imply when it is predicted more than 5% faster (`loader.plan` follows).
         slowdown_at: the emulated slowdown of each epoch, for a slowdown that changes
             mid-run (a testing aid); default `slowdown` throughout.
 
@@ -285,15 +286,17 @@ def fit(
             f"  idle {100 * record.idle_fraction:.0f} %"
         )
         if replan and epoch + 1 < epochs:
-            change = propose(plan, record.ranks)
+            # The next epoch is predicted from what this one measured; the batches change
+            # only when that model finds a plan more than 5% faster.
+            before = history[-2].ranks if len(history) > 1 else None
+            change = propose(plan, record.ranks, previous=before)
+            kept = refreshed(plan, record.ranks, before)
             # Rank 0's decision for all: every rank must switch to the very same plan.
-            chosen = comm.bcast(None if change is None else change.plan.to_dict(), root=0)
-            if chosen is not None:
-                new_plan = BalancePlan.from_dict(chosen)
-                if change is not None:
-                    record.replan = change.to_dict(plan)
-                    progress.line(f"  after epoch {epoch + 1}: {change.describe(plan)}")
-                loader.set_plan(new_plan)
+            chosen = comm.bcast((kept if change is None else change.plan).to_dict(), root=0)
+            if change is not None:
+                record.replan = change.to_dict(plan)
+                progress.line(f"  after epoch {epoch + 1}: {change.describe(plan)}")
+            loader.set_plan(BalancePlan.from_dict(chosen))
         if after_epoch is not None:
             after_epoch(record, global_step)
     return FitResult(epochs, 0, global_step, history)

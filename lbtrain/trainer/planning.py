@@ -77,7 +77,6 @@ def make_plan(
         data = root_value(comm, lambda: _read_plan(config.plan))
         plan = agree(comm, lambda: _plan_from(data, config, comm.size))
         return plan, None
-    started = time.perf_counter()
     if config.profiles:
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
     else:
@@ -85,7 +84,9 @@ def make_plan(
         profile_config = agree(
             comm,
             lambda: ProfileConfig(
-                min_batch=min(16, reference),
+                # Rungs from r/8 up: a slow rank whose budget affords only the first rungs
+                # still gets a span wide enough to tell its fixed cost from its per-sample one.
+                min_batch=min(4, reference),
                 max_batch=max(16, 2 * reference),
                 time_budget=config.time_budget,
                 seed=config.seed,
@@ -101,11 +102,17 @@ def make_plan(
 
     plan = plan_from(profiles)
     model = optimizer = None
-    for _ in range(RETIME_ROUNDS):
+    started = time.perf_counter()
+    for round_index in range(RETIME_ROUNDS):
         # No extrapolation: a share far outside the measured batches is timed where it falls.
         wanted = [b if outside_measured(p, b) else None for p, b in zip(profiles, plan.batch_sizes,
                                                                         strict=True)]  # fmt: skip
-        over = time.perf_counter() - started > 2 * config.time_budget
+        # The first round always runs (a few steps at batches training will run anyway);
+        # later ones only within the time budget. Rank 0's clock decides for every rank, as
+        # a rank that stopped early would leave the others waiting in the next allgather.
+        over = comm.bcast(
+            round_index > 0 and time.perf_counter() - started > config.time_budget, root=0
+        )
         if not any(wanted) or over:
             break
         if comm.rank == 0 and not config.quiet:

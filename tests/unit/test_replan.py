@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from lbtrain.balancer import BalancePlan, ReplicaSpeed, plan_batches
+from lbtrain.balancer import BalancePlan, CommCost, ReplicaSpeed, plan_batches
 from lbtrain.emulation import Slowdown, factor_at, parse_slowdown_changes, slowdown_schedule
-from lbtrain.trainer.replan import predicted_steps, propose, rescaled_replicas
+from lbtrain.trainer.replan import predicted_steps, propose, refreshed, rescaled_replicas
 
 SPEEDS = [ReplicaSpeed(1000.0, alpha=0.001), ReplicaSpeed(250.0, alpha=0.004)]
 
@@ -52,6 +52,46 @@ def test_equal_never_replans_and_zero_share_ranks_keep_their_model():
     assert factors == (pytest.approx(2.0), None)
     assert replicas[1] == SPEEDS[1]
     assert replicas[0].alpha == pytest.approx(2 * SPEEDS[0].alpha)
+
+
+def test_the_next_epoch_is_predicted_from_the_last_one_measured():
+    """Same batches; compute scaled by measured / predicted, sync from the slowest rank."""
+    plan = plan_batches(SPEEDS, 100, "cost", comm=CommCost(0.002, 2, 4096))
+    rows = measured(plan, [1.1, 1.1])
+    for row, comm in zip(rows, (0.03, 0.05), strict=True):
+        row["steps"], row["comm"] = 10.0, comm
+    fresh = refreshed(plan, rows)
+    assert fresh.batch_sizes == plan.batch_sizes
+    assert fresh.predicted_compute_time == pytest.approx(1.1 * plan.predicted_compute_time)
+    assert fresh.comm == CommCost(0.005, 2, 4096)
+    assert fresh.predicted_step_time == pytest.approx(1.1 * plan.predicted_compute_time + 0.005)
+    # No sync measured (old records, or no steps): the plan's figure stays.
+    for row in rows:
+        row["steps"] = 0.0
+    assert refreshed(plan, rows).comm == plan.comm
+
+
+def test_two_epochs_at_different_batches_replace_a_misfitted_profile():
+    """A profile that took per-sample cost for fixed cost is corrected by two epochs' lines."""
+    true = ReplicaSpeed(100.0, alpha=0.0, beta=0.01)  # what the device really does
+    wrong = ReplicaSpeed(100.0, alpha=0.2, beta=0.001)  # the same time at b = 22 only
+    plan = BalancePlan("cost", 60, (30, 30), (SPEEDS[0], wrong))
+
+    def epoch(b: int) -> list[dict[str, float]]:
+        rows = measured(plan, [1.0, 1.0])
+        rows[1].update(compute=10 * true.step_time(b), samples=10.0 * b, steps=10.0)
+        rows[1]["predicted"] = 10 * wrong.step_time(b)
+        rows[0]["steps"] = 10.0
+        return rows
+
+    scaled, _ = rescaled_replicas(plan, epoch(30))  # one epoch: scaling keeps the wrong shape
+    assert scaled[1].alpha / scaled[1].beta == pytest.approx(wrong.alpha / wrong.beta)
+    fitted, _ = rescaled_replicas(plan, epoch(30), previous=epoch(10))
+    assert fitted[1].alpha == pytest.approx(0.0, abs=1e-12)
+    assert fitted[1].beta == pytest.approx(true.beta)
+    # Batches too close together (or a line with negative cost) fall back to scaling.
+    close, _ = rescaled_replicas(plan, epoch(30), previous=epoch(28))
+    assert close[1].alpha / close[1].beta == pytest.approx(wrong.alpha / wrong.beta)
 
 
 def test_slowdown_changes_parse_and_apply_from_their_epoch():
