@@ -151,9 +151,10 @@ def min_batch_note(plan: BalancePlan) -> str | None:
     ):
         return None
     return (
-        f"with min_batch=0, ranks {_ranks(free.idle_ranks)} would get no samples and a step "
-        f"would take {_ms(free.predicted_step_time)} ms instead of "
-        f"{_ms(plan.predicted_step_time)} ms"
+        f"if ranks {_ranks(free.idle_ranks)} could get no samples, a step would take "
+        f"{_ms(free.predicted_step_time)} ms instead of {_ms(plan.predicted_step_time)} ms; "
+        "allow zero shares with a minimum batch of 0 (--min-batch 0, or min_batch=0 in "
+        "the library)"
     )
 
 

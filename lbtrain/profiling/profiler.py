@@ -122,8 +122,17 @@ class ProfileConfig:
             return self.batch_sizes
         if self.reference_batch is not None:
             ref = self.reference_batch
-            rungs = {min(self.max_batch, max(self.min_batch, ref * 2**k // 8)) for k in range(5)}
-            return tuple(sorted(rungs))
+            rungs = sorted(
+                {min(self.max_batch, max(self.min_batch, ref * 2**k // 8)) for k in range(5)}
+            )
+            # Clamping can leave neighbours such as 4 and 5; a slow rank whose budget
+            # affords two rungs must not spend them on batches too close to tell the fixed
+            # cost from the per-sample one.
+            spaced = [rungs[0]]
+            for rung in rungs[1:]:
+                if rung >= 1.5 * spaced[-1]:
+                    spaced.append(rung)
+            return tuple(spaced)
         sizes, size = [], self.min_batch
         while size <= self.max_batch:
             sizes.append(size)

@@ -108,10 +108,11 @@ def make_plan(
         wanted = [b if outside_measured(p, b) else None for p, b in zip(profiles, plan.batch_sizes,
                                                                         strict=True)]  # fmt: skip
         # The first round always runs (a few steps at batches training will run anyway);
-        # later ones only within the time budget. Rank 0's clock decides for every rank, as
-        # a rank that stopped early would leave the others waiting in the next allgather.
+        # later ones while re-timing has taken less than twice the time budget. Rank 0's
+        # clock decides for every rank, as a rank that stopped early would leave the others
+        # waiting in the next allgather.
         over = comm.bcast(
-            round_index > 0 and time.perf_counter() - started > config.time_budget, root=0
+            round_index > 0 and time.perf_counter() - started > 2 * config.time_budget, root=0
         )
         if not any(wanted) or over:
             break

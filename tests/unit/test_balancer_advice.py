@@ -29,7 +29,7 @@ from lbtrain.balancer import (
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
-# Relative slack for float noise: the bisection behind T* stops within 1e-15 of it.
+# Relative slack for float noise in the step sums (T* itself is bisected to the last bit).
 SLACK = 1e-12
 
 

@@ -262,6 +262,11 @@ def test_default_ladder_doubles_and_ends_at_max_batch():
     assert ProfileConfig().ladder() == (16, 32, 64, 128, 256, 512, 1024)
     assert ProfileConfig(min_batch=10, max_batch=50).ladder() == (10, 20, 40, 50)
     assert ProfileConfig(batch_sizes=(3, 9)).ladder() == (3, 9)
+    # Around a reference batch: r/8 .. 2r, clamped, with no two rungs closer than 1.5x.
+    assert ProfileConfig(min_batch=4, max_batch=42, reference_batch=21).ladder() == (4, 10, 21, 42)
+    assert ProfileConfig(min_batch=16, max_batch=682, reference_batch=341).ladder() == (
+        42, 85, 170, 341, 682,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
