@@ -93,7 +93,10 @@ def build_summary(
         "train_seconds": train_seconds,
         "samples_per_second": samples / train_seconds if train_seconds > 0 else None,
         "measured_step_seconds": train_seconds / steps if history else None,
-        "predicted_step_seconds": plan.predicted_step_time,
+        # The prediction for the steps that ran (plans and models change when re-planning),
+        # to set beside the measured mean; the plan in force predicts the next step.
+        "predicted_step_seconds": _predicted_per_step(history, plan),
+        "plan_predicted_step_seconds": plan.predicted_step_time,
         "prediction_error_median": prediction_error(history),
         "epochs": [
             {
@@ -116,6 +119,13 @@ def build_summary(
         "ranks": ranks,
         "metrics": dict(metrics) if metrics else None,
     }
+
+
+def _predicted_per_step(history: Sequence[EpochRecord], plan: BalancePlan) -> float:
+    steps = sum(r.steps for r in history)
+    if steps == 0:
+        return plan.predicted_step_time
+    return sum(r.predicted_seconds for r in history) / steps
 
 
 def format_summary(
