@@ -64,9 +64,12 @@ def _per_step(entry: Mapping[str, float]) -> tuple[float, float] | None:
 
 
 def _two_point(
-    replica: ReplicaSpeed, now: tuple[float, float], before: tuple[float, float] | None
+    replica: ReplicaSpeed,
+    now: tuple[float, float],
+    before: tuple[float, float] | None,
+    reference: float,
 ) -> ReplicaSpeed | None:
-    """The line through two epochs at batch sizes at least 25% apart, if it is a valid model."""
+    """The line through two epochs at batch sizes at least 25% apart, if it rises with b."""
     if before is None:
         return None
     (b2, t2), (b1, t1) = now, before
@@ -74,11 +77,16 @@ def _two_point(
         return None
     beta = (t2 - t1) / (b2 - b1)
     alpha = t2 - beta * b2
-    if not (beta > 0 and alpha >= 0 and math.isfinite(alpha + beta)):
+    if not (beta > 0 and math.isfinite(alpha + beta)):
         return None  # noise, or a device that changed speed between the two epochs
-    return dataclasses.replace(
-        replica, throughput=1.0 / (alpha / b2 + beta), alpha=alpha, beta=beta
-    )
+    if alpha < 0:
+        # A device with next to no fixed cost lands a hair below zero: no fixed cost, and
+        # the line through the latest epoch.
+        alpha, beta = 0.0, t2 / b2
+    # Samples/s at the batch every rank shares (B / P), as in profiles, so `proportional`
+    # compares the ranks at one batch size.
+    throughput = reference / (alpha + beta * reference)
+    return dataclasses.replace(replica, throughput=throughput, alpha=alpha, beta=beta)
 
 
 def rescaled_replicas(
@@ -109,7 +117,8 @@ def rescaled_replicas(
         factor = compute / predicted
         now = _per_step(entry)
         before = None if earlier is None else _per_step(earlier[rank])
-        fitted = None if now is None else _two_point(replica, now, before)
+        reference = plan.global_batch_size / plan.world_size
+        fitted = None if now is None else _two_point(replica, now, before, reference)
         replicas.append(
             fitted
             or dataclasses.replace(

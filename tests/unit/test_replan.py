@@ -86,12 +86,20 @@ def test_two_epochs_at_different_batches_replace_a_misfitted_profile():
 
     scaled, _ = rescaled_replicas(plan, epoch(30))  # one epoch: scaling keeps the wrong shape
     assert scaled[1].alpha / scaled[1].beta == pytest.approx(wrong.alpha / wrong.beta)
-    fitted, _ = rescaled_replicas(plan, epoch(30), previous=epoch(10))
+    fitted, _ = rescaled_replicas(plan, epoch(40), previous=epoch(10))
     assert fitted[1].alpha == pytest.approx(0.0, abs=1e-12)
     assert fitted[1].beta == pytest.approx(true.beta)
-    # Batches too close together (or a line with negative cost) fall back to scaling.
+    # Its samples/s read at the shared batch B / P = 30, like a profile's.
+    assert fitted[1].throughput == pytest.approx(30 / true.step_time(30))
+    # Batches too close together fall back to scaling.
     close, _ = rescaled_replicas(plan, epoch(30), previous=epoch(28))
     assert close[1].alpha / close[1].beta == pytest.approx(wrong.alpha / wrong.beta)
+    # A line below zero at b = 0 becomes no fixed cost, through the latest epoch.
+    low = epoch(10)
+    low[1]["compute"] *= 0.8
+    clamped, _ = rescaled_replicas(plan, epoch(40), previous=low)
+    assert clamped[1].alpha == 0.0
+    assert clamped[1].step_time(40) == pytest.approx(true.step_time(40))
 
 
 def test_slowdown_changes_parse_and_apply_from_their_epoch():
