@@ -10,7 +10,8 @@ from torch import nn
 from lbtrain import SingleProcessCommunicator
 from lbtrain.balancer import CommCost
 from lbtrain.gradients import gradient_buckets, sync_gradients
-from lbtrain.profiling import ReplicaProfile, comm_cost, time_sync
+from lbtrain.profiling import comm_cost, time_sync
+from tests.unit.test_profiling import _profile
 
 
 class FakeClock:
@@ -123,31 +124,6 @@ def test_one_rank_still_times_its_local_cost():
 def test_bad_repeats_are_refused(repeats):
     with pytest.raises(ValueError, match="repeats"):
         time_sync(SingleProcessCommunicator(), nn.Linear(2, 2), repeats=repeats)
-
-
-def _profile(rank: int, **sync) -> ReplicaProfile:
-    return ReplicaProfile(
-        rank=rank,
-        host="h",
-        device="cpu",
-        device_kind="cpu",
-        device_name="CPU",
-        threads=1,
-        workload="w",
-        batch_sizes=(10, 20),
-        step_times=(0.02, 0.03),
-        alpha=0.01,
-        beta=0.001,
-        r_squared=1.0,
-        cap=None,
-        cap_source="disabled",
-        memory_per_sample=None,
-        slowdown=1.0,
-        repeats=5,
-        started_at="2025-01-01T00:00:00.000+00:00",
-        finished_at="2025-01-01T00:00:01.000+00:00",
-        **sync,
-    )
 
 
 def test_comm_cost_takes_the_largest_time_when_all_profiles_agree():
