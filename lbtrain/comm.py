@@ -6,8 +6,10 @@ size 1 uses `SingleProcessCommunicator`, so single-process runs and unit tests n
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
+from functools import cached_property
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -16,6 +18,7 @@ import torch
 __all__ = [
     "Communicator",
     "MPICommunicator",
+    "Request",
     "SingleProcessCommunicator",
     "launched_by_mpi",
     "mpi_library_info",
@@ -32,6 +35,26 @@ _LAUNCHER_SIZE_VARIABLES = (
 )
 
 
+class Request(Protocol):
+    """A collective in flight: its buffer may be read only once it has completed."""
+
+    def test(self) -> bool:
+        """Drive progress; True once the collective has completed."""
+
+    def wait(self) -> None:
+        """Block until the collective has completed."""
+
+
+class _Completed:
+    """The request of a collective that was complete when it started (one rank)."""
+
+    def test(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return None
+
+
 @runtime_checkable
 class Communicator(Protocol):
     """What lbtrain needs from a process group."""
@@ -44,6 +67,17 @@ class Communicator(Protocol):
 
     def allreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> None:
         """Sum `buffer` over all ranks, in place. CPU or CUDA tensors, or numpy arrays."""
+
+    def iallreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> Request:
+        """Start summing `buffer` over all ranks, in place; read it after the request's wait.
+
+        Every rank starts its collectives in the same order. CPU tensors and numpy arrays;
+        CUDA tensors only where `cuda_aware` (the caller synchronises the stream first).
+        """
+
+    @property
+    def cuda_aware(self) -> bool:
+        """Whether the MPI library reads and writes CUDA memory itself."""
 
     def broadcast_(self, buffer: torch.Tensor | np.ndarray, root: int = 0) -> None:
         """Overwrite `buffer` on every rank with `root`'s, in place."""
@@ -66,9 +100,14 @@ class SingleProcessCommunicator:
 
     rank = 0
     size = 1
+    cuda_aware = True  # nothing is sent anywhere: any memory will do
 
     def allreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> None:
         """The sum over one rank is the buffer itself."""
+
+    def iallreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> Request:
+        """The sum over one rank is the buffer itself, complete at once."""
+        return _Completed()
 
     def broadcast_(self, buffer: torch.Tensor | np.ndarray, root: int = 0) -> None:
         """The root is this rank: nothing to copy."""
@@ -136,6 +175,38 @@ class MPICommunicator:
         self._comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.SUM)
         buffer.view(-1).copy_(host, non_blocking=False)
 
+    def iallreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> Request:
+        """Start summing `buffer` over all ranks, in place (MPI_Iallreduce)."""
+        from mpi4py import MPI
+
+        if isinstance(buffer, np.ndarray):
+            array: Any = _contiguous(buffer)
+        elif not buffer.is_contiguous():
+            raise ValueError("iallreduce_sum_ needs a contiguous tensor; call .contiguous() first")
+        elif buffer.device.type == "cpu":
+            array = buffer.numpy()
+        elif self.cuda_aware:
+            array = buffer  # mpi4py takes it through __cuda_array_interface__ / DLPack
+        else:
+            raise ValueError(
+                f"iallreduce_sum_ got a {buffer.device} tensor but this MPI library is not "
+                "CUDA-aware; stage it through a host buffer (GradientSync does)"
+            )
+        # The request keeps the buffer alive: MPI writes into it until the wait.
+        return _MPIRequest(self._comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM), buffer)
+
+    @cached_property
+    def cuda_aware(self) -> bool:
+        """Whether the MPI library handles CUDA buffers (MPIX_Query_cuda_support).
+
+        `LBTRAIN_CUDA_AWARE=0` or `1` overrides the library's answer, for a library that
+        answers wrongly or lacks the query.
+        """
+        forced = os.environ.get("LBTRAIN_CUDA_AWARE")
+        if forced in ("0", "1"):
+            return forced == "1"
+        return _query_cuda_support()
+
     def broadcast_(self, buffer: torch.Tensor | np.ndarray, root: int = 0) -> None:
         """Overwrite `buffer` with `root`'s, in place (CUDA tensors through pinned memory)."""
         self.bcast(None, root)  # checks root, and costs one tiny message at start-up only
@@ -181,6 +252,46 @@ class MPICommunicator:
             host = torch.empty(buffer.numel(), dtype=buffer.dtype, pin_memory=True)
             self._staging[key] = host
         return host
+
+
+class _MPIRequest:
+    """An mpi4py request and the buffer it writes into."""
+
+    __slots__ = ("_buffer", "_done", "_request")
+
+    def __init__(self, request: Any, buffer: Any) -> None:
+        self._request, self._buffer, self._done = request, buffer, False
+
+    def test(self) -> bool:
+        if not self._done:
+            self._done = bool(self._request.Test())
+        return self._done
+
+    def wait(self) -> None:
+        if not self._done:
+            self._request.Wait()
+            self._done = True
+
+
+def _query_cuda_support() -> bool:
+    """MPIX_Query_cuda_support() of the MPI library this process loaded, False without it.
+
+    mpi4py does not wrap the extension (Open MPI and MPICH >= 4 both export it), so it is
+    looked up in the loaded libmpi itself.
+    """
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "libmpi" in line})
+    except OSError:
+        return False
+    for path in paths:
+        try:
+            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
+        except OSError:
+            continue
+        if query is not None:
+            return bool(query())
+    return False
 
 
 def _contiguous(array: np.ndarray) -> np.ndarray:

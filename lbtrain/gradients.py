@@ -1,16 +1,34 @@
-"""Weighted gradient synchronisation: the step that makes unequal batches exact."""
+"""Weighted gradient synchronisation: the step that makes unequal batches exact.
+
+Gradients live in persistent flat buckets, one per group of parameters of one dtype and
+device, and each parameter's `.grad` is a view into its bucket (as DDP's
+`gradient_as_bucket_view`): backward accumulates straight into the bucket, the weight is
+one in-place scale per bucket and the sum-allreduce works in place, with no concatenation
+and no copy back. Buckets hold the parameters in reverse order, the order backward produces
+their gradients, so with overlap on each bucket's allreduce starts while the rest of
+backward still runs.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Sequence
+from numbers import Real
 
 import torch
 from torch import nn
 
-from lbtrain.comm import Communicator
+from lbtrain.comm import Communicator, Request
+from lbtrain.staging import Stager, make_stager
 
-__all__ = ["DEFAULT_BUCKET_MB", "gradient_buckets", "sync_gradients"]
+__all__ = [
+    "DEFAULT_BUCKET_MB",
+    "GradientSync",
+    "gradient_buckets",
+    "sync_gradients",
+    "sync_layout",
+]
 
 # Large enough that a small model needs one call and a big one a handful; DDP uses 25 MB.
 DEFAULT_BUCKET_MB = 25.0
@@ -19,7 +37,7 @@ DEFAULT_BUCKET_MB = 25.0
 def gradient_buckets(
     params: Iterable[nn.Parameter], bucket_mb: float = DEFAULT_BUCKET_MB
 ) -> list[list[nn.Parameter]]:
-    """Group trainable parameters, in order, into buckets of one dtype and device."""
+    """Group trainable parameters, in the order given, into buckets of one dtype and device."""
     limit = bucket_mb * 1024 * 1024
     buckets: list[list[nn.Parameter]] = []
     current: list[nn.Parameter] = []
@@ -41,6 +59,248 @@ def gradient_buckets(
     return buckets
 
 
+def sync_layout(
+    params: Iterable[nn.Parameter], bucket_mb: float = DEFAULT_BUCKET_MB
+) -> list[list[nn.Parameter]]:
+    """The buckets `GradientSync` reduces, in the order it reduces them (reverse parameters)."""
+    return gradient_buckets(reversed(list(params)), bucket_mb)
+
+
+def check_weight(weight: object) -> float:
+    """`weight` as a float in [0, 1], or a ValueError naming what to pass."""
+    if (
+        isinstance(weight, bool)
+        or not isinstance(weight, Real)
+        or not math.isfinite(weight)
+        or not 0 <= weight <= 1
+    ):
+        raise ValueError(
+            f"weight={weight!r} is invalid: pass this rank's b_i / B, a number in [0, 1] "
+            "(BalancedLoader.weight)"
+        )
+    return float(weight)
+
+
+class _Bucket:
+    """One flat gradient buffer and the parameters whose `.grad` are views into it."""
+
+    def __init__(self, params: Sequence[nn.Parameter]) -> None:
+        self.params = list(params)
+        first = self.params[0]
+        total = sum(p.numel() for p in self.params)
+        self.flat = torch.zeros(total, dtype=first.dtype, device=first.device)
+        self.views: list[torch.Tensor] = []
+        offset = 0
+        for param in self.params:
+            self.views.append(self.flat[offset : offset + param.numel()].view_as(param))
+            offset += param.numel()
+        self.ready: set[int] = set()
+        self.launched = False
+        self.request: Request | None = None
+
+    def attach(self, index: int) -> None:
+        """Point parameter `index`'s `.grad` at its view, keeping what it holds."""
+        param, view = self.params[index], self.views[index]
+        grad = param.grad
+        if grad is None:
+            view.zero_()
+        elif grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)  # the user set it to None or replaced it: one copy this step
+        if grad is not view:
+            param.grad = view
+
+
+class GradientSync:
+    """Sum-allreduce weighted gradients through persistent buckets; built once per model.
+
+    Each step, after backward on this rank's mean loss, every rank's gradients become the
+    mean gradient over the global batch: sum_i (b_i / B) * mean_i, the update one process
+    would make on all B samples. Dividing by the world size instead (DDP, Horovod, the
+    static-balancing paper) over-weights replicas with small batches.
+
+    Two ways to drive it:
+
+    * after backward, `sync(weight)`: scale and reduce every bucket (what `sync_gradients`
+      does);
+    * around backward, for overlap: `begin(weight)` before forward (zeroes the buckets and
+      arms the hooks), backward (each bucket's non-blocking allreduce starts once all its
+      gradients are in), then `wait()` before the optimizer step. `launch()` starts the
+      buckets still waiting, e.g. before another collective.
+
+    Every rank must start the same buckets in the same order, so a bucket starts only after
+    every bucket before it: a parameter without a gradient this step holds a rank back until
+    `launch()` or `wait()`, never out of order. A rank with a zero share (weight 0) skips
+    forward and backward and still calls `begin` and `wait`: it adds exact zeros.
+
+    Args:
+        model: a module, or its parameters, with the same structure on every rank.
+        comm: the job's communicator.
+        bucket_mb: flat-buffer size per allreduce, in MiB.
+        overlap: start each bucket's allreduce from backward (needs one backward per step).
+        progress: with overlap, test the requests in flight from every gradient hook, so
+            an MPI library that progresses only inside MPI calls moves them on.
+        stage: pass buckets through pinned host buffers (None: for CUDA buckets when the
+            MPI library is not CUDA-aware). True on a CPU bucket exercises the same path.
+
+    Note:
+        Exact for models whose forward treats samples independently. BatchNorm in training
+        mode normalises with per-rank batch statistics, so its gradients differ from a single
+        process on the whole batch.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | Iterable[nn.Parameter],
+        comm: Communicator,
+        *,
+        bucket_mb: float = DEFAULT_BUCKET_MB,
+        overlap: bool = False,
+        progress: bool = True,
+        stage: bool | None = None,
+    ) -> None:
+        if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, Real) or not bucket_mb > 0:
+            raise ValueError(f"bucket_mb={bucket_mb!r} must be a positive number of MiB")
+        params = list(model.parameters() if isinstance(model, nn.Module) else model)
+        self.comm = comm
+        self.overlap = bool(overlap)
+        self.progress = bool(progress)
+        self.buckets = [_Bucket(group) for group in sync_layout(params, float(bucket_mb))]
+        self.stagers: list[Stager | None] = [make_stager(b.flat, comm, stage) for b in self.buckets]
+        self._where = {
+            id(p): (k, i)
+            for k, bucket in enumerate(self.buckets)
+            for i, p in enumerate(bucket.params)
+        }
+        self._weight = 1.0
+        self._scale = True
+        self._armed = False
+        self._next = 0  # the first bucket not yet launched
+        self._hooks = []
+        if self.overlap:
+            self._hooks = [
+                p.register_post_accumulate_grad_hook(self._on_gradient)
+                for bucket in self.buckets
+                for p in bucket.params
+            ]
+        for bucket in self.buckets:
+            for index in range(len(bucket.params)):
+                bucket.attach(index)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes reduced per step."""
+        return sum(b.flat.numel() * b.flat.element_size() for b in self.buckets)
+
+    def zero_grad(self) -> None:
+        """Zero every bucket and point every `.grad` at its view (replaces optimizer's)."""
+        for bucket in self.buckets:
+            bucket.flat.zero_()
+            for index, param in enumerate(bucket.params):
+                if param.grad is not bucket.views[index]:
+                    param.grad = bucket.views[index]
+
+    def begin(self, weight: float, *, prescaled: bool = False) -> None:
+        """Start a step: zero the gradients and, with overlap, arm the hooks for `weight`.
+
+        `prescaled=True` says the loss was multiplied by `weight` before backward, so the
+        gradients already carry it and the buckets are not scaled again.
+        """
+        self._weight = check_weight(weight)
+        self._scale = not prescaled
+        self.zero_grad()
+        self._reset()
+        self._armed = self.overlap
+
+    def launch(self) -> None:
+        """Start every bucket not started yet, in order (after backward, before `wait`)."""
+        for bucket in self.buckets[self._next :]:
+            for index in range(len(bucket.params)):
+                if index not in bucket.ready:
+                    bucket.attach(index)
+                    bucket.ready.add(index)
+        self._launch_ready(block=True)
+
+    def wait(self) -> None:
+        """Finish the step: every bucket reduced and copied back; then the optimizer steps."""
+        self._armed = False
+        self.launch()
+        for bucket, stager in zip(self.buckets, self.stagers, strict=True):
+            assert bucket.request is not None
+            bucket.request.wait()
+            if stager is not None:
+                stager.unstage()
+
+    def sync(self, weight: float, *, prescaled: bool = False) -> None:
+        """Weight and sum-allreduce the gradients backward left in `.grad` (no overlap)."""
+        self._weight = check_weight(weight)
+        self._scale = not prescaled
+        self._reset()
+        self.wait()
+
+    def close(self) -> None:
+        """Remove the hooks; gradients stay where they are."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._armed = False
+
+    def _reset(self) -> None:
+        self._next = 0
+        for bucket in self.buckets:
+            bucket.ready.clear()
+            bucket.launched = False
+            bucket.request = None
+
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        if not self._armed:
+            return
+        k, index = self._where[id(param)]
+        bucket = self.buckets[k]
+        if bucket.launched:
+            self._armed = False
+            raise RuntimeError(
+                "a gradient arrived for a bucket already being reduced: overlap needs one "
+                "backward per step; call begin() before each backward, or turn overlap off"
+            )
+        bucket.attach(index)
+        bucket.ready.add(index)
+        self._launch_ready(block=False)
+        if self.progress:
+            for earlier in self.buckets[: self._next]:
+                if earlier.request is not None and not earlier.request.test():
+                    break
+
+    def _launch_ready(self, *, block: bool) -> None:
+        """Start, in order, the buckets whose gradients are all in (staged ones once copied)."""
+        while self._next < len(self.buckets):
+            bucket = self.buckets[self._next]
+            stager = self.stagers[self._next]
+            if not bucket.launched:
+                if len(bucket.ready) < len(bucket.params):
+                    return
+                self._weigh(bucket)
+                bucket.launched = True
+                if stager is not None:
+                    stager.stage()
+            if stager is not None and not stager.staged(block=block):
+                return  # its copy to the host is still running: later buckets wait behind it
+            buffer = bucket.flat if stager is None else stager.buffer
+            bucket.request = self.comm.iallreduce_sum_(buffer)
+            self._next += 1
+
+    def _weigh(self, bucket: _Bucket) -> None:
+        if self._weight == 0:
+            # A rank with no samples adds exact zeros, whatever stale values (even NaN) its
+            # gradients hold: 0 * NaN would poison every rank's sum.
+            bucket.flat.zero_()
+        elif self._scale and self._weight != 1:
+            bucket.flat.mul_(self._weight)
+
+
+# One GradientSync per (model, communicator), so `sync_gradients` builds its buckets once.
+_SYNCS: weakref.WeakKeyDictionary[nn.Module, dict[int, GradientSync]] = weakref.WeakKeyDictionary()
+
+
 def sync_gradients(
     model: nn.Module | Iterable[nn.Parameter],
     weight: float,
@@ -53,46 +313,43 @@ def sync_gradients(
     Call after `loss.backward()` on this rank's mean loss and before `optimizer.step()`.
     Gradients are scaled by `weight` = b_i / B and sum-allreduced in a few flat buckets,
     so sum_i (b_i / B) * mean_i = the mean over all B samples: the update one process would
-    make on the whole global batch. Dividing by the world size instead (DDP, Horovod, the
-    static-balancing paper) over-weights the replicas with small batches.
+    make on the whole global batch (see `GradientSync`, which also overlaps the sync with
+    backward).
 
-    A parameter with no gradient on this rank contributes zeros, so every rank reduces the
-    same buffers in the same order and nothing hangs. A rank with a zero share (weight 0)
-    skips forward and backward and still calls this: it adds zeros and receives the sum.
+    The buckets are built on the first call for a module and kept; afterwards each `.grad`
+    is a view into them, so `optimizer.zero_grad(set_to_none=False)` keeps the sync free of
+    copies (with `set_to_none=True` each gradient is copied in once per step). A parameter
+    with no gradient on this rank contributes zeros, so every rank reduces the same buffers
+    in the same order and nothing hangs. A rank with a zero share (weight 0) skips forward
+    and backward and still calls this: it adds zeros and receives the sum.
 
     Args:
         model: a module, or its parameters, with the same structure on every rank.
         weight: this rank's b_i / B for the current step (BalancedLoader.weight).
         comm: the job's communicator.
         bucket_mb: flat-buffer size per allreduce call, in MiB.
-
-    Note:
-        Exact for models whose forward treats samples independently. BatchNorm in training
-        mode normalises with per-rank batch statistics, so its gradients differ from a single
-        process on the whole batch.
     """
-    if not (isinstance(weight, int | float) and math.isfinite(weight) and 0 <= weight <= 1):
-        raise ValueError(
-            f"weight={weight!r} is invalid: pass this rank's b_i / B, a number in [0, 1] "
-            "(BalancedLoader.weight)"
-        )
-    params = model.parameters() if isinstance(model, nn.Module) else model
-    for bucket in gradient_buckets(params, bucket_mb):
-        grads = []
-        for param in bucket:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            grads.append(param.grad)
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        if weight == 0:
-            # A rank with no samples adds exact zeros, whatever stale values (even NaN) its
-            # gradients hold: 0 * NaN would poison every rank's sum.
-            flat.zero_()
-        else:
-            flat.mul_(weight)
-        comm.allreduce_sum_(flat)
-        offset = 0
-        for grad in grads:
-            count = grad.numel()
-            grad.copy_(flat[offset : offset + count].view_as(grad))
-            offset += count
+    check_weight(weight)
+    if not isinstance(model, nn.Module):
+        GradientSync(model, comm, bucket_mb=bucket_mb).sync(weight)
+        return
+    syncs = _SYNCS.setdefault(model, {})
+    sync = syncs.get(id(comm))
+    params = [p for p in model.parameters() if p.requires_grad]
+    if sync is None or sync.comm is not comm or not _same_layout(sync, params, bucket_mb):
+        sync = syncs[id(comm)] = GradientSync(model, comm, bucket_mb=bucket_mb)
+    sync.sync(weight)
+
+
+def _same_layout(sync: GradientSync, params: list[nn.Parameter], bucket_mb: float) -> bool:
+    """Whether `sync` was built for these very parameters, as they are placed now."""
+    current = sync_layout(params, bucket_mb)
+    if len(current) != len(sync.buckets):
+        return False
+    return all(
+        len(group) == len(bucket.params)
+        and all(p is q for p, q in zip(group, bucket.params, strict=True))
+        and bucket.flat.device == group[0].device
+        and bucket.flat.dtype == group[0].dtype
+        for group, bucket in zip(current, sync.buckets, strict=True)
+    )

@@ -22,6 +22,7 @@ from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import (
     LR_SCHEDULES,
     OPTIMIZERS,
+    OVERLAP_MODES,
     REPLAN_MODES,
     WEIGHTINGS,
     TrainConfig,
@@ -160,6 +161,9 @@ def add_parser(
     _add(optim, "weighting", "gradient weights: share (b_i/B, exact) or uniform (1/P, as DDP "
          "and Horovod; not exact with unequal batches, for comparison only)",
          choices=WEIGHTINGS)  # fmt: skip
+    _add(optim, "overlap", "on: start each gradient bucket's allreduce during backward, as "
+         "soon as its gradients are in; off: reduce them all after backward (the same "
+         "result; for comparison)", choices=OVERLAP_MODES)  # fmt: skip
     evaluation = parser.add_argument_group("evaluation and checkpoints")
     _add(evaluation, "eval_every", "evaluate every N epochs (0: only at the end)",
          type=_non_negative)  # fmt: skip

@@ -13,7 +13,7 @@ from torch import nn
 from lbtrain.balancer.network import CommCost
 from lbtrain.comm import Communicator
 from lbtrain.devices import synchronize
-from lbtrain.gradients import DEFAULT_BUCKET_MB, gradient_buckets
+from lbtrain.gradients import DEFAULT_BUCKET_MB, sync_layout
 from lbtrain.profiling.record import ReplicaProfile
 
 __all__ = ["CONTROL_FLOATS", "comm_cost", "sync_buffers", "time_sync"]
@@ -23,10 +23,10 @@ CONTROL_FLOATS = 6
 
 
 def sync_buffers(model: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB) -> list[torch.Tensor]:
-    """Zero flat buffers laid out as `sync_gradients` reduces them: one per gradient bucket."""
+    """Zero flat buffers laid out as `GradientSync` reduces them: one per bucket, in order."""
     return [
         torch.zeros(sum(p.numel() for p in bucket), dtype=bucket[0].dtype, device=bucket[0].device)
-        for bucket in gradient_buckets(model.parameters(), bucket_mb)
+        for bucket in sync_layout(model.parameters(), bucket_mb)
     ]
 
 

@@ -35,6 +35,7 @@ LR_SCHEDULES = ("cosine", "constant", "step")
 # compare against (it over-weights the ranks with small batches).
 WEIGHTINGS = ("share", "uniform")
 REPLAN_MODES = ("auto", "off")
+OVERLAP_MODES = ("on", "off")
 
 
 @dataclass
@@ -74,6 +75,8 @@ class TrainConfig:
         out: output folder (None: a fresh runs/<date-time>).
         resume: a checkpoint file or a run folder to continue.
         weighting: "share" (exact) or "uniform" (DDP's 1/P, to compare).
+        overlap: "on" starts each gradient bucket's allreduce during backward, once its
+            gradients are in; "off" reduces them all after backward (same result).
         quiet: print only the final summary.
         log_every: also print a line every this many steps (0: one per epoch).
     """
@@ -107,6 +110,7 @@ class TrainConfig:
     out: str | None = None
     resume: str | None = None
     weighting: str = "share"
+    overlap: str = "on"
     quiet: bool = False
     log_every: int = 0
 
@@ -129,6 +133,7 @@ class TrainConfig:
         _choice(self, "lr_schedule", LR_SCHEDULES)
         _choice(self, "weighting", WEIGHTINGS)
         _choice(self, "replan", REPLAN_MODES)
+        _choice(self, "overlap", OVERLAP_MODES)
         _number(self, "lr", low=0.0, open_low=True)
         _number(self, "momentum", low=0.0, high=1.0, open_high=True)
         _number(self, "weight_decay", low=0.0)

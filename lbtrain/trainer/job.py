@@ -179,6 +179,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
             slowdown=replica.slowdown, start_epoch=position[0], start_step=position[1],
             global_step=position[2], weighting=config.weighting, progress=progress,
             stop=stop, after_epoch=after_epoch, replan=config.replan == "auto",
+            overlap=config.overlap == "on",
             slowdown_at=slowdown_at,
         )  # fmt: skip
     plan = loader.plan  # re-planning may have switched it

@@ -1,14 +1,15 @@
 """`fit`: the one training loop in the repository.
 
 Each step, every rank computes the mean loss over its share b_i of the global batch and
-backpropagates; one small allreduce shares the loss, the stop requests and whether any loss
-went non-finite; the gradients, weighted by b_i / B, are sum-allreduced; every rank takes
-the same optimizer step. The update is the one a single process would make on the whole
-global batch.
+backpropagates it weighted by b_i / B; the gradients are sum-allreduced in persistent
+buckets (`GradientSync`); one small allreduce shares the loss, the stop requests and whether
+any loss went non-finite; every rank takes the same optimizer step. The update is the one a
+single process would make on the whole global batch.
 
-The small allreduce comes first on purpose: ranks arrive there as their compute ends, so
-its duration is this rank's *waiting* for the slowest, and the gradient sync after it
-measures *communication* alone.
+With overlap on, each bucket's allreduce starts during backward, as soon as its gradients
+are in. The small allreduce comes after backward on purpose: ranks arrive there as their
+compute ends, so its duration is this rank's *waiting* for the slowest, and the wait for
+the gradient buckets after it measures the *communication* not hidden behind backward.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.devices import synchronize
 from lbtrain.emulation import Slowdown
-from lbtrain.gradients import sync_gradients
+from lbtrain.gradients import GradientSync
 from lbtrain.session import CollectiveError
 from lbtrain.trainer.progress import Progress
 from lbtrain.trainer.replan import predicted_steps, propose, refreshed
@@ -156,6 +157,7 @@ def fit(
     after_epoch: Callable[[EpochRecord, int], None] | None = None,
     replan: bool = False,
     slowdown_at: Callable[[int], Slowdown] | None = None,
+    overlap: bool = True,
 ) -> FitResult:
     """Train from (start_epoch, start_step) to the end of `epochs`; collective.
 
@@ -182,6 +184,8 @@ def fit(
             plan they imply when it is predicted more than 5% faster (`loader.plan` follows).
         slowdown_at: the emulated slowdown of each epoch, for a slowdown that changes
             mid-run (a testing aid); default `slowdown` throughout.
+        overlap: start each gradient bucket's allreduce from backward, as soon as its
+            gradients are in; False reduces them all after backward (same result).
 
     Raises:
         TrainingDiverged: on every rank, when any rank's loss is not finite.
@@ -195,111 +199,127 @@ def fit(
 
     history: list[EpochRecord] = []
     model.train()
-    for epoch in range(start_epoch, epochs):
-        loader.set_epoch(epoch)
-        if slowdown_at is not None:
-            slowdown = slowdown_at(epoch)
-        plan = loader.plan
-        # The plan's prediction for each step of the epoch, to set beside what it measures.
-        predictions = [
-            predicted_steps(plan, shares, comm.rank)
-            for _, _, shares in loader.batch_sampler.schedule
-        ]
-        record = EpochRecord(epoch, slowdown=slowdown.factor, batch_sizes=list(plan.batch_sizes))
-        first = start_step if epoch == start_epoch else 0
-        progress.start_epoch(epoch, len(loader), first)
-        began = mark = time.perf_counter()
-        for step, (inputs, targets) in enumerate(loader):
-            if step < first:  # resuming mid-epoch: same permutation, skip what was done
-                mark = time.perf_counter()
-                continue
-            weight = loader.weight
-            value, correct = 0.0, 0.0
-            optimizer.zero_grad(set_to_none=True)
-            if not loader.empty:  # a zero share computes nothing and adds zeros in the sync
-                with slowdown.step(synchronize=sync_device, cpu_timer=cpu_timer):
-                    inputs, targets = inputs.to(device), targets.to(device)
-                    outputs = model(inputs)
-                    loss = loss_fn(outputs, targets)
-                    loss.backward()
-                value = float(loss.detach())
-                correct = float((outputs.detach().argmax(1) == targets).sum())
-            computed = time.perf_counter()
-            finite = math.isfinite(value)
-            # [weighted loss, correct, non-finite ranks, SIGINTs, SIGTERMs, samples]
-            control = np.array(
-                [
-                    weight * value if finite else 0.0,
-                    correct,
-                    0.0 if finite else 1.0,
-                    float(stop is not None and signal.SIGINT in stop.signals),
-                    float(stop is not None and signal.SIGTERM in stop.signals),
-                    float(len(targets)),
-                ]
+    gradients = GradientSync(model, comm, overlap=overlap)
+    try:
+        for epoch in range(start_epoch, epochs):
+            loader.set_epoch(epoch)
+            if slowdown_at is not None:
+                slowdown = slowdown_at(epoch)
+            plan = loader.plan
+            # The plan's prediction for each step of the epoch, to set beside what it measures.
+            predictions = [
+                predicted_steps(plan, shares, comm.rank)
+                for _, _, shares in loader.batch_sampler.schedule
+            ]
+            record = EpochRecord(
+                epoch, slowdown=slowdown.factor, batch_sizes=list(plan.batch_sizes)
             )
-            comm.allreduce_sum_(control)
-            waited = time.perf_counter()
-            if control[2]:
-                raise TrainingDiverged(
-                    f"the training loss became {value if not finite else 'non-finite'} at "
-                    f"epoch {epoch + 1}, step {step + 1} (on {int(control[2])} rank(s)); "
-                    "lower the learning rate (--lr), or check the data for NaN or infinite "
-                    "values; earlier checkpoints are kept"
+            first = start_step if epoch == start_epoch else 0
+            progress.start_epoch(epoch, len(loader), first)
+            began = mark = time.perf_counter()
+            for step, (inputs, targets) in enumerate(loader):
+                if step < first:  # resuming mid-epoch: same permutation, skip what was done
+                    mark = time.perf_counter()
+                    continue
+                weight = loader.weight
+                value, correct = 0.0, 0.0
+                # Zeroes the gradients (the optimizer's zero_grad) and arms the overlap. The
+                # weight rides on the loss, which is free, instead of one pass over every
+                # bucket (benchmark 2 in BENCHMARKS.md).
+                grad_weight = weight if weighting == "share" else 1.0 / comm.size
+                gradients.begin(grad_weight, prescaled=True)
+                if not loader.empty:  # a zero share computes nothing and adds zeros in the sync
+                    with slowdown.step(synchronize=sync_device, cpu_timer=cpu_timer):
+                        inputs, targets = inputs.to(device), targets.to(device)
+                        outputs = model(inputs)
+                        loss = loss_fn(outputs, targets)
+                        (loss * grad_weight).backward()
+                    value = float(loss.detach())
+                    correct = float((outputs.detach().argmax(1) == targets).sum())
+                # With overlap, the buckets not started from backward (parameters without a
+                # gradient this step, a rank with no samples) start before the control
+                # allreduce, so every rank starts its collectives in the same order.
+                if overlap:
+                    gradients.launch()
+                computed = time.perf_counter()
+                finite = math.isfinite(value)
+                # [weighted loss, correct, non-finite ranks, SIGINTs, SIGTERMs, samples]
+                control = np.array(
+                    [
+                        weight * value if finite else 0.0,
+                        correct,
+                        0.0 if finite else 1.0,
+                        float(stop is not None and signal.SIGINT in stop.signals),
+                        float(stop is not None and signal.SIGTERM in stop.signals),
+                        float(len(targets)),
+                    ]
                 )
-            sync_gradients(model, weight if weighting == "share" else 1.0 / comm.size, comm)
-            synced = time.perf_counter()
-            with slowdown.step(synchronize=sync_device, cpu_timer=cpu_timer):
-                optimizer.step()
-                scheduler.step()
-            done = time.perf_counter()
-            global_step += 1
-            batch = int(control[5])
-            record.own_samples += len(targets)
-            record.predicted_compute += predictions[step][0]
-            record.predicted_seconds += predictions[step][1]
-            record.steps += 1
-            record.samples += batch
-            record.loss_sum += float(control[0]) * batch
-            record.correct += float(control[1])
-            record.compute += (computed - mark) + (done - synced)
-            record.wait += waited - computed
-            record.comm += synced - waited
-            mark = done
-            progress.step(step, record.loss, record.samples / max(done - began, 1e-9))
-            if control[3] or control[4]:
-                record.seconds = time.perf_counter() - began
-                progress.close()
-                history.append(record)
-                code = SIGNAL_EXIT[signal.SIGTERM] if control[4] else SIGNAL_EXIT[signal.SIGINT]
-                if step + 1 == len(loader):
-                    return FitResult(epoch + 1, 0, global_step, history, code)
-                return FitResult(epoch, step + 1, global_step, history, code)
-        record.seconds = time.perf_counter() - began
-        history.append(record)
-        record.ranks = comm.allgather(_measured(record))
-        progress.end_epoch(
-            f"epoch {epoch + 1}/{epochs}  loss {record.loss:.4f}  train acc "
-            f"{100 * record.accuracy:6.2f} %  {record.seconds:.1f} s  "
-            f"{record.samples / max(record.seconds, 1e-9):,.0f} samples/s  step "
-            f"{1e3 * record.step_seconds:.1f} ms (predicted "
-            f"{1e3 * record.predicted_step_seconds:.1f})"
-            f"  idle {100 * record.idle_fraction:.0f} %"
-        )
-        if replan and epoch + 1 < epochs:
-            # The next epoch is predicted from what this one measured; the batches change
-            # only when that model finds a plan more than 5% faster.
-            before = history[-2].ranks if len(history) > 1 else None
-            change = propose(plan, record.ranks, previous=before)
-            kept = refreshed(plan, record.ranks, before)
-            # Rank 0's decision for all: every rank must switch to the very same plan.
-            chosen = comm.bcast((kept if change is None else change.plan).to_dict(), root=0)
-            if change is not None:
-                record.replan = change.to_dict(plan)
-                progress.line(f"  after epoch {epoch + 1}: {change.describe(plan)}")
-            loader.set_plan(BalancePlan.from_dict(chosen))
-        if after_epoch is not None:
-            after_epoch(record, global_step)
-    return FitResult(epochs, 0, global_step, history)
+                comm.allreduce_sum_(control)
+                waited = time.perf_counter()
+                if control[2]:
+                    gradients.wait()  # no collective left in flight on the way out
+                    raise TrainingDiverged(
+                        f"the training loss became {value if not finite else 'non-finite'} at "
+                        f"epoch {epoch + 1}, step {step + 1} (on {int(control[2])} rank(s)); "
+                        "lower the learning rate (--lr), or check the data for NaN or infinite "
+                        "values; earlier checkpoints are kept"
+                    )
+                gradients.wait()
+                synced = time.perf_counter()
+                with slowdown.step(synchronize=sync_device, cpu_timer=cpu_timer):
+                    optimizer.step()
+                    scheduler.step()
+                done = time.perf_counter()
+                global_step += 1
+                batch = int(control[5])
+                record.own_samples += len(targets)
+                record.predicted_compute += predictions[step][0]
+                record.predicted_seconds += predictions[step][1]
+                record.steps += 1
+                record.samples += batch
+                record.loss_sum += float(control[0]) * batch
+                record.correct += float(control[1])
+                record.compute += (computed - mark) + (done - synced)
+                record.wait += waited - computed
+                record.comm += synced - waited
+                mark = done
+                progress.step(step, record.loss, record.samples / max(done - began, 1e-9))
+                if control[3] or control[4]:
+                    record.seconds = time.perf_counter() - began
+                    progress.close()
+                    history.append(record)
+                    code = SIGNAL_EXIT[signal.SIGTERM] if control[4] else SIGNAL_EXIT[signal.SIGINT]
+                    if step + 1 == len(loader):
+                        return FitResult(epoch + 1, 0, global_step, history, code)
+                    return FitResult(epoch, step + 1, global_step, history, code)
+            record.seconds = time.perf_counter() - began
+            history.append(record)
+            record.ranks = comm.allgather(_measured(record))
+            progress.end_epoch(
+                f"epoch {epoch + 1}/{epochs}  loss {record.loss:.4f}  train acc "
+                f"{100 * record.accuracy:6.2f} %  {record.seconds:.1f} s  "
+                f"{record.samples / max(record.seconds, 1e-9):,.0f} samples/s  step "
+                f"{1e3 * record.step_seconds:.1f} ms (predicted "
+                f"{1e3 * record.predicted_step_seconds:.1f})"
+                f"  idle {100 * record.idle_fraction:.0f} %"
+            )
+            if replan and epoch + 1 < epochs:
+                # The next epoch is predicted from what this one measured; the batches change
+                # only when that model finds a plan more than 5% faster.
+                before = history[-2].ranks if len(history) > 1 else None
+                change = propose(plan, record.ranks, previous=before)
+                kept = refreshed(plan, record.ranks, before)
+                # Rank 0's decision for all: every rank must switch to the very same plan.
+                chosen = comm.bcast((kept if change is None else change.plan).to_dict(), root=0)
+                if change is not None:
+                    record.replan = change.to_dict(plan)
+                    progress.line(f"  after epoch {epoch + 1}: {change.describe(plan)}")
+                loader.set_plan(BalancePlan.from_dict(chosen))
+            if after_epoch is not None:
+                after_epoch(record, global_step)
+        return FitResult(epochs, 0, global_step, history)
+    finally:
+        gradients.close()  # the hooks go; the gradients stay views of its buckets
 
 
 def _measured(record: EpochRecord) -> dict[str, float]:

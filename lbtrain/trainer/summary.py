@@ -15,11 +15,26 @@ from lbtrain.balancer import BalancePlan
 from lbtrain.comm import Communicator
 from lbtrain.trainer.loop import EpochRecord
 
-__all__ = ["build_summary", "format_summary", "prediction_error", "rank_totals"]
+__all__ = ["build_summary", "format_summary", "peak_rss_mib", "prediction_error", "rank_totals"]
+
+
+def peak_rss_mib() -> float | None:
+    """This process's peak resident set size so far in MiB, or None where it is not known."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # ru_maxrss is in KiB on Linux, in bytes on macOS.
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def rank_totals(comm: Communicator, history: Sequence[EpochRecord]) -> list[dict[str, float]]:
-    """Every rank's compute, wait and communication seconds over `history`; collective."""
+    """Every rank's compute, wait and communication seconds over `history`, and its peak RSS.
+
+    Collective. The peak RSS (MiB, key "peak_rss_mib") is left out where the platform has
+    no way to read it.
+    """
     mine = {
         "steps": float(sum(r.steps for r in history)),
         "seconds": sum(r.seconds for r in history),
@@ -27,6 +42,9 @@ def rank_totals(comm: Communicator, history: Sequence[EpochRecord]) -> list[dict
         "wait": sum(r.wait for r in history),
         "comm": sum(r.comm for r in history),
     }
+    rss = peak_rss_mib()
+    if rss is not None:
+        mine["peak_rss_mib"] = rss
     return comm.allgather(mine)
 
 
@@ -76,6 +94,7 @@ def build_summary(
                 "communication_fraction": total["comm"] / step,
                 "wait_fraction": total["wait"] / step,
                 "predicted_compute_seconds_per_step": plan.predicted_step_times[rank],
+                "peak_rss_mib": total.get("peak_rss_mib"),
             }
         )
     return {

@@ -8,11 +8,18 @@ from tests.mpi.launch import SCRIPTS, run_mpi
 
 
 @pytest.mark.parametrize(
-    ("ranks", "sizes"),
-    [(3, "5,11,48"), (2, "1,30"), (3, "20,0,44")],
+    ("ranks", "sizes", "mode"),
+    [
+        (3, "5,11,48", "function"),
+        (2, "1,30", "function"),
+        (3, "20,0,44", "function"),
+        (2, "1,30", "overlap"),
+        (3, "20,0,44", "overlap"),
+        (3, "20,0,44", "staged"),
+    ],
 )
-def test_unequal_shares_match_one_process_and_naive_average_does_not(ranks, sizes):
-    result = run_mpi(SCRIPTS / "exactness.py", ranks, sizes, timeout=180)
+def test_unequal_shares_match_one_process_and_naive_average_does_not(ranks, sizes, mode):
+    result = run_mpi(SCRIPTS / "exactness.py", ranks, sizes, mode, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "exactness ok" in result.stdout
 

@@ -67,9 +67,11 @@ def _three_ranks(out, *extra: str):
     return checkpoint["model"], checkpoint["plan"]["batch_sizes"]
 
 
-@pytest.mark.parametrize("policy", ["proportional", "cost"])
-def test_three_unequal_ranks_match_one_process(policy, one_process, tmp_path):
-    model, sizes = _three_ranks(tmp_path / "run", "--policy", policy)
+@pytest.mark.parametrize(
+    ("policy", "overlap"), [("proportional", "on"), ("cost", "on"), ("cost", "off")]
+)
+def test_three_unequal_ranks_match_one_process(policy, overlap, one_process, tmp_path):
+    model, sizes = _three_ranks(tmp_path / "run", "--policy", policy, "--overlap", overlap)
     assert len(set(sizes)) > 1, f"the plan {sizes} should be unequal under 1,2,4 slowdowns"
     assert _max_difference(model, one_process) < 1e-5
 
@@ -80,7 +82,8 @@ def test_the_naive_average_does_not_match(one_process, tmp_path):
     assert _max_difference(model, one_process) > 1e-3
 
 
-def test_a_rank_with_a_zero_share_keeps_the_update_exact(one_process, tmp_path):
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_a_rank_with_a_zero_share_keeps_the_update_exact(overlap, one_process, tmp_path):
     """Rank 1 gets no samples: it skips compute, adds zeros, and the job still matches."""
     from lbtrain.balancer import BalancePlan, ReplicaSpeed
 
@@ -89,7 +92,8 @@ def test_a_rank_with_a_zero_share_keeps_the_update_exact(one_process, tmp_path):
     (tmp_path / "plan.json").write_text(plan.to_json(), encoding="utf-8")
     # --replan off keeps the plan for both epochs (auto could hand rank 1 samples again).
     model, sizes = _three_ranks(
-        tmp_path / "run", "--plan", str(tmp_path / "plan.json"), "--replan", "off"
+        tmp_path / "run",
+        *("--plan", str(tmp_path / "plan.json"), "--replan", "off", "--overlap", overlap),
     )
     assert sizes == [26, 0, 14]
     assert _max_difference(model, one_process) < 1e-5

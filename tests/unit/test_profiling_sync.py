@@ -9,7 +9,7 @@ from torch import nn
 
 from lbtrain import SingleProcessCommunicator
 from lbtrain.balancer import CommCost
-from lbtrain.gradients import gradient_buckets, sync_gradients
+from lbtrain.gradients import sync_gradients, sync_layout
 from lbtrain.profiling import comm_cost, time_sync
 from tests.unit.test_profiling import _profile
 
@@ -32,6 +32,7 @@ class RecordingComm:
     """
 
     rank = 0
+    cuda_aware = False
 
     def __init__(self, clock: FakeClock, costs: list[float], others: list[float]) -> None:
         self.clock, self.costs, self.others = clock, list(costs), others
@@ -46,6 +47,10 @@ class RecordingComm:
         else:
             assert not buffer.any(), "the timed buffers are zeros, so the sum stays finite"
             self.calls.append(("torch", buffer.dtype, tuple(buffer.shape), buffer.device))
+
+    def iallreduce_sum_(self, buffer):
+        self.allreduce_sum_(buffer)
+        return SingleProcessCommunicator().iallreduce_sum_(buffer)  # complete at once
 
     def barrier(self) -> None:
         self.calls.append(("barrier",))
@@ -79,8 +84,8 @@ def test_sync_reduces_the_control_array_then_each_gradient_bucket_after_a_barrie
     seconds, nbytes = time_sync(comm, model, repeats=5, timer=clock)
     assert nbytes == trainable_bytes(model)
     assert seconds == pytest.approx(0.3)  # this rank is the slowest of the three
-    buckets = gradient_buckets(model.parameters())
-    assert [b[0].dtype for b in buckets] == [torch.float32, torch.float64]
+    buckets = sync_layout(model.parameters())  # reverse order, as backward fills them
+    assert [b[0].dtype for b in buckets] == [torch.float64, torch.float32]
     one_round = [
         ("barrier",),
         ("numpy", np.dtype(np.float64), (6,)),

@@ -1,6 +1,9 @@
 """N ranks with unequal shares must make exactly the updates of one process.
 
-Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/exactness.py 5,11,48
+Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/exactness.py 5,11,48 [MODE]
+MODE is how the weighted model syncs: "function" (`sync_gradients` after backward, the
+default), "overlap" (`GradientSync` started from backward, one small bucket per parameter so
+several are in flight) or "staged" (the same through host staging buffers, the GPU path).
 Every rank also trains the single-process reference itself (the data is the same on every
 rank), so each rank checks its own parameters. The naive 1/P average is trained alongside
 and must visibly miss, which shows the comparison can fail.
@@ -17,6 +20,7 @@ from torch.utils.data import TensorDataset
 from lbtrain import balanced_loader, plan_batches, sync_gradients, world_communicator
 from lbtrain.balancer import BalancePlan, ReplicaSpeed
 from lbtrain.data import epoch_schedule
+from lbtrain.gradients import GradientSync
 
 EPOCHS = 2
 NUM_SAMPLES = 64 * 3 + 29  # three full global batches and a short tail
@@ -38,6 +42,9 @@ def flat_params(model: nn.Module) -> torch.Tensor:
 def main() -> None:
     comm = world_communicator()
     sizes = [int(s) for s in sys.argv[1].split(",")]
+    mode = sys.argv[2] if len(sys.argv) > 2 else "function"
+    if mode not in ("function", "overlap", "staged"):
+        raise ValueError(f"unknown mode {mode!r}")
     if len(sizes) != comm.size:
         raise ValueError(f"{len(sizes)} batch sizes given for {comm.size} ranks")
     torch.set_num_threads(1)
@@ -58,6 +65,12 @@ def main() -> None:
     weighted, naive, reference = make_model(), make_model(), make_model()
     opt_weighted, opt_naive, opt_reference = map(make_optimizer, (weighted, naive, reference))
     loss_fn = nn.CrossEntropyLoss()
+    overlapped = None
+    if mode != "function":
+        overlapped = GradientSync(
+            weighted, comm, bucket_mb=0.001, overlap=True, stage=mode == "staged"
+        )
+        assert len(overlapped.buckets) == len(list(weighted.parameters()))
     schedule = epoch_schedule(NUM_SAMPLES, plan)
 
     for epoch in range(EPOCHS):
@@ -65,8 +78,14 @@ def main() -> None:
         seen = []
         for x, y, index in loader:
             seen.extend(index.tolist())
+            if overlapped is not None:
+                overlapped.begin(loader.weight)
+                if not loader.empty:
+                    loss_fn(weighted(x), y).backward()
+                overlapped.wait()
+                opt_weighted.step()
             for model, opt, weight in (
-                (weighted, opt_weighted, loader.weight),
+                *([(weighted, opt_weighted, loader.weight)] if overlapped is None else []),
                 (naive, opt_naive, 1.0 / comm.size),
             ):
                 opt.zero_grad()
@@ -94,7 +113,8 @@ def main() -> None:
     assert drift == 0.0, f"ranks disagree on parameters by {drift}"
     if comm.rank == 0:
         print(
-            f"exactness ok: ranks={comm.size} batch_sizes={sizes} steps/epoch={len(loader)} "
+            f"exactness ok: ranks={comm.size} batch_sizes={sizes} mode={mode} "
+            f"steps/epoch={len(loader)} "
             f"weighted max|diff|={exact_diff:.2e} naive 1/P max|diff|={naive_diff:.2e}"
         )
 

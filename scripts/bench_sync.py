@@ -1,0 +1,188 @@
+"""Benchmark 2: gradient synchronisation against one bare MPI allreduce, and overlap.
+
+HybridSN (5.1 M parameters, 19.5 MiB of float32 gradients), 2 ranks, one thread each. In
+one launch, round after round (medians over rounds, each timed after a barrier):
+
+* raw: one `Allreduce` of the same bytes (a numpy buffer through the communicator);
+* before: the sync as it was before issue 10 (concatenate, scale, reduce, copy back);
+* sync: `sync_gradients` (zero-copy buckets, one in-place scale each), the trainer's
+  path (`GradientSync.sync` with the weight folded into the loss), and the scale alone;
+* steps of forward + backward + sync with overlap off, and on with and without progress
+  calls from the gradient hooks. A second launch repeats the steps with MPICH's progress
+  thread (`MPIR_CVAR_ASYNC_PROGRESS=1`).
+
+Hidden share = (step without overlap - step with overlap) / sync time.
+
+    .venv/bin/python scripts/bench_sync.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import Figure, append_to_benchmarks, format_table  # noqa: E402
+
+__all__ = ["run", "main"]
+
+VENV_BIN = Path(sys.executable).parent
+RANKS = 2
+STEP_VARIANTS = ("off", "on", "on-no-test")
+
+
+def _worker(rounds: int, batch: int, steps_only: bool) -> None:
+    """One rank's side: every rank runs the same sequence of collectives."""
+    import numpy as np
+    import torch
+    from torch import nn
+
+    from hyperspectral.models import build_model
+    from lbtrain import sync_gradients, world_communicator
+    from lbtrain.gradients import GradientSync
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    comm = world_communicator()
+    model = build_model("hybridsn", bands=30, num_classes=16, dropout=0.0)
+    inputs, targets = torch.randn(batch, 30, 25, 25), torch.randint(0, 16, (batch,))
+    loss_fn = nn.CrossEntropyLoss()
+    weight = 1.0 / comm.size
+    syncs = {
+        "off": GradientSync(model, comm),
+        "on": GradientSync(model, comm, overlap=True),
+        "on-no-test": GradientSync(model, comm, overlap=True, progress=False),
+    }
+    nbytes = syncs["off"].nbytes
+    raw = np.zeros(nbytes // 4, dtype=np.float32)
+    times: dict[str, list[float]] = {}
+
+    def timed(name: str, action: Any) -> None:
+        comm.barrier()
+        begin = time.perf_counter()
+        action()
+        times.setdefault(name, []).append(time.perf_counter() - begin)
+
+    def step(name: str) -> None:
+        sync = syncs[name]  # each owns the gradients while it steps
+        sync.zero_grad()
+        sync.begin(weight)
+        loss_fn(model(inputs), targets).backward()
+        if sync.overlap:
+            sync.launch()
+        sync.wait()
+
+    def before() -> None:  # the pre-issue-10 sync, for the before/after figure
+        grads = [p.grad for p in model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat.mul_(weight)
+        comm.allreduce_sum_(flat)
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+    def scale() -> None:
+        for bucket in syncs["off"].buckets:
+            bucket.flat.mul_(weight)
+
+    for _ in range(rounds + 1):  # the first round warms up and is dropped
+        for name in STEP_VARIANTS:
+            timed(f"step {name}", lambda name=name: step(name))
+        if not steps_only:
+            syncs["off"].zero_grad()
+            timed("raw", lambda: comm.allreduce_sum_(raw))
+            timed("before", before)
+            timed("sync", lambda: sync_gradients(model, weight, comm))
+            syncs["off"].zero_grad()
+            timed("prescaled", lambda: syncs["off"].sync(weight, prescaled=True))
+            timed("scale", scale)
+    medians = {name: statistics.median(values[1:]) for name, values in times.items()}
+    worst = comm.allgather(medians)  # the job's figure: the slowest rank's median
+    if comm.rank == 0:
+        result = {name: max(m[name] for m in worst) for name in medians}
+        print("RESULT " + json.dumps({"nbytes": nbytes, "medians": result}), flush=True)
+
+
+def _launch(rounds: int, batch: int, *, steps_only: bool, env: dict[str, str]) -> dict:
+    command = [
+        str(VENV_BIN / "mpiexec"), "-n", str(RANKS), sys.executable, __file__, "--worker",
+        "--rounds", str(rounds), "--batch", str(batch), *(["--steps-only"] * steps_only),
+    ]  # fmt: skip
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    done = subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench_sync worker failed:\n{done.stdout}\n{done.stderr}")
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def run(quick: bool, workdir: Path) -> list[Figure]:
+    """Two launches of 2 ranks; figures with the issue's targets."""
+    rounds, batch = (8, 16) if quick else (30, 16)
+    main_run = _launch(rounds, batch, steps_only=False, env={})
+    thread = _launch(rounds, batch, steps_only=True, env={"MPIR_CVAR_ASYNC_PROGRESS": "1"})
+    m, t = main_run["medians"], thread["medians"]
+    mib = main_run["nbytes"] / 2**20
+    bench = "2 sync"
+    figures = [
+        Figure(bench, f"raw Allreduce of {mib:.1f} MiB", 1e3 * m["raw"], "ms"),
+        Figure(bench, "sync before issue 10 / raw", m["before"] / m["raw"], "x"),
+        Figure(bench, "sync_gradients / raw", m["sync"] / m["raw"], "x", "<= 1.10",
+               m["sync"] / m["raw"] <= 1.10, "scales each bucket in place"),
+        Figure(bench, "trainer's sync (weight in the loss) / raw", m["prescaled"] / m["raw"],
+               "x", "<= 1.10", m["prescaled"] / m["raw"] <= 1.10),
+        Figure(bench, "in-place scale of the buckets", 1e3 * m["scale"], "ms",
+               note="folding the weight into the loss instead costs one scalar multiply"),
+    ]  # fmt: skip
+    off = m["step off"]
+    for label, steps, name in (
+        ("test calls from hooks", m, "step on"),
+        ("no progress calls", m, "step on-no-test"),
+        ("MPICH progress thread", t, "step on"),
+    ):
+        hidden = (steps["step off"] - steps[name]) / m["sync"]
+        figures.append(
+            Figure(
+                bench,
+                f"overlap, {label}: share of sync hidden",
+                100 * hidden,
+                "%",
+                note=f"step {1e3 * steps[name]:.0f} ms vs {1e3 * steps['step off']:.0f} "
+                "ms without overlap",
+            )  # fmt: skip
+        )
+    figures.append(Figure(bench, f"step without overlap (batch {batch}/rank)", 1e3 * off, "ms"))
+    return figures
+
+
+def main() -> None:
+    """Standalone use, and the ranks' entry point (--worker)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds")
+    parser.add_argument("--no-write", action="store_true", help="do not touch BENCHMARKS.md")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--steps-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=8, help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, default=16, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        _worker(args.rounds, args.batch, args.steps_only)
+        return
+    figures = run(args.quick, Path.cwd())
+    print(format_table(figures))
+    if not args.no_write:
+        command = "python scripts/bench_sync.py" + (" --quick" if args.quick else "")
+        append_to_benchmarks("Synchronisation against raw MPI (benchmark 2)", command, figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""The run summary's per-rank totals: the peak RSS each rank reports (issue 10, benchmark 7)."""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+
+from lbtrain import SingleProcessCommunicator, plan_batches
+from lbtrain.trainer.loop import EpochRecord
+from lbtrain.trainer.summary import build_summary, peak_rss_mib, rank_totals
+
+
+def test_rank_totals_carry_this_process_peak_rss_in_mib():
+    history = [EpochRecord(epoch=0, steps=3, seconds=1.5, compute=1.0, wait=0.3, comm=0.2)]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    (totals,) = rank_totals(SingleProcessCommunicator(), history)
+    after = peak_rss_mib()
+    assert totals["steps"] == 3.0 and totals["compute"] == pytest.approx(1.0)
+    # A peak only grows, and a Python process with torch loaded holds tens of MiB at least.
+    assert 10 < before <= totals["peak_rss_mib"] <= after
+
+
+def test_summary_writes_each_rank_peak_rss():
+    plan = plan_batches([1.0, 1.0], 8, "equal")
+    devices = [{"device": "cpu", "host": "h", "threads": 1, "slowdown": 1.0}] * 2
+    totals = [
+        {"steps": 2.0, "seconds": 1.0, "compute": 0.8, "wait": 0.1, "comm": 0.1, "peak_rss_mib": m}
+        for m in (512.0, 640.5)
+    ]
+    summary = build_summary(
+        plan=plan, devices=devices, history=[], evaluations=[], totals=totals, metrics=None,
+        wall_seconds=2.0, profile_seconds=0.5,
+    )  # fmt: skip
+    assert [row["peak_rss_mib"] for row in summary["ranks"]] == [512.0, 640.5]
+    # Totals from a platform without getrusage have no peak: the summary says null.
+    for total in totals:
+        del total["peak_rss_mib"]
+    summary = build_summary(
+        plan=plan, devices=devices, history=[], evaluations=[], totals=totals, metrics=None,
+        wall_seconds=2.0, profile_seconds=0.5,
+    )  # fmt: skip
+    assert [row["peak_rss_mib"] for row in summary["ranks"]] == [None, None]
