@@ -339,8 +339,19 @@ def mpi_library_info() -> dict[str, str]:
         return {"mpi4py": f"not importable ({exc})"}
     major, minor = MPI.Get_version()
     library = MPI.Get_library_version().strip().splitlines()
+    levels = {
+        MPI.THREAD_SINGLE: "single",
+        MPI.THREAD_FUNNELED: "funneled",
+        MPI.THREAD_SERIALIZED: "serialized",
+        MPI.THREAD_MULTIPLE: "multiple",
+    }
+    forced = os.environ.get("LBTRAIN_CUDA_AWARE")
     return {
         "mpi4py": mpi4py.__version__,
         "MPI library": " ".join(library[0].split()) if library else "unknown",
         "MPI standard": f"{major}.{minor}",
+        "MPI thread level": levels.get(MPI.Query_thread(), "unknown"),
+        "CUDA-aware MPI": f"{forced == '1'} (LBTRAIN_CUDA_AWARE)"
+        if forced in ("0", "1")
+        else str(_query_cuda_support()),
     }

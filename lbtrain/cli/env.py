@@ -74,6 +74,8 @@ def collect(comm: Communicator) -> list[tuple[str, str]]:
         ("launched by mpiexec", str(launched_by_mpi())),
         ("world size", str(comm.size)),
         ("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "(unset)")),
+        # MPICH's progress thread: lets gradient allreduces move while backward computes.
+        ("MPIR_CVAR_ASYNC_PROGRESS", os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "(unset)")),
         ("matplotlib", "yes" if importlib.util.find_spec("matplotlib") else "no (--plot off)"),
     ]
     for facts in ranks:

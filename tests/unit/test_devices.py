@@ -307,3 +307,54 @@ def test_broadcast_stages_cuda_tensors_through_pinned_host_memory(cuda_kind, fak
     (host,) = comm._staging.values()
     cuda_kind.check_pinned(host)
     assert all(np.shares_memory(buffer, host.numpy()) for buffer in fake.buffers)
+
+
+class DeferredRequest:
+    """An mpi4py request whose sum lands only at Wait (or a Test after `ready`)."""
+
+    def __init__(self, buffer: np.ndarray) -> None:
+        self.buffer, self.ready, self.done = buffer, False, False
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        if self.ready and not self.done:
+            self.Wait()
+        return self.done
+
+    def Wait(self) -> None:  # noqa: N802
+        if not self.done:
+            self.buffer *= 2
+            self.done = True
+
+
+class TwoRanksNonBlocking(TwoRanks):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[DeferredRequest] = []
+
+    def Iallreduce(self, sendbuf, recvbuf, op=None) -> DeferredRequest:  # noqa: N802
+        assert sendbuf is FakeMPI.IN_PLACE and op is FakeMPI.SUM
+        self.requests.append(DeferredRequest(recvbuf))
+        return self.requests[-1]
+
+
+def test_iallreduce_sums_in_place_by_the_wait_and_keeps_the_buffer(fake_mpi):
+    fake = TwoRanksNonBlocking()
+    comm = MPICommunicator(fake)
+    tensor = torch.arange(5, dtype=torch.float32)
+    request = comm.iallreduce_sum_(tensor)
+    assert np.shares_memory(fake.requests[0].buffer, tensor.numpy())
+    assert not request.test()
+    fake.requests[0].ready = True
+    assert request.test()
+    request.wait()  # once complete, waiting again changes nothing
+    assert torch.equal(tensor, 2 * torch.arange(5, dtype=torch.float32))
+
+
+def test_iallreduce_of_cuda_memory_needs_a_cuda_aware_library(fake_mpi, monkeypatch):
+    monkeypatch.setenv("LBTRAIN_CUDA_AWARE", "0")
+    comm = MPICommunicator(TwoRanksNonBlocking())
+    assert comm.cuda_aware is False
+    with pytest.raises(ValueError, match="not CUDA-aware"):
+        comm.iallreduce_sum_(StandInCudaTensor(torch.zeros(3)))
+    monkeypatch.setenv("LBTRAIN_CUDA_AWARE", "1")
+    assert MPICommunicator(TwoRanksNonBlocking()).cuda_aware is True

@@ -227,3 +227,22 @@ def test_layout_is_reverse_order_and_matches_the_buckets():
     layout = sync_layout(model.parameters(), 0.0005)
     assert [[id(p) for p in g] for g in layout] == [[id(p) for p in b.params] for b in sync.buckets]
     assert sync.nbytes == sum(p.numel() * 4 for p in model.parameters())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("stage", [True, False])
+def test_cuda_buckets_staged_or_direct_match_the_cpu_result(stage):
+    """Staged: pinned host buffers, the download on a side stream; direct: CUDA-aware MPI."""
+    cpu_model = make_model()
+    cpu_sync = GradientSync(cpu_model, TwoRankComm(), bucket_mb=0.0005, overlap=True)
+    overlapped_step(cpu_sync, TwoRankComm(), cpu_model, 0.3)
+    model = make_model().cuda()
+    comm = TwoRankComm()
+    comm.cuda_aware = not stage
+    sync = GradientSync(model, comm, bucket_mb=0.0005, overlap=True, stage=stage)
+    x, y = batch()
+    sync.begin(0.3)
+    nn.functional.cross_entropy(model(x.cuda()), y.cuda()).backward()
+    sync.wait()
+    for p, q in zip(model.parameters(), cpu_model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad)
