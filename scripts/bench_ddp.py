@@ -28,14 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import (  # noqa: E402
-    DEMO_MODEL,
-    VENV_BIN,
-    Figure,
-    eval_subset_split,
-    standalone,
-    train,
-)
+from bench_balance import policy_runs  # noqa: E402
+from bench_common import VENV_BIN, Figure, standalone  # noqa: E402
 
 __all__ = ["run", "main"]
 
@@ -155,12 +149,10 @@ def run(quick: bool, workdir: Path) -> list[Figure]:
         Figure(bench, "parameters after the steps, max |lbtrain - DDP|",
                ddp["param_difference"], "", "<= 1e-5", ddp["param_difference"] <= 1e-5),
     ]  # fmt: skip
-    epochs = 3 if quick else 10
-    common = [*DEMO_MODEL, "--global-batch", "64", "--emulate-slowdown", "1,3",
-              "--epochs", str(epochs), "--no-map", "--replan", "off",
-              "--split-file", str(eval_subset_split(workdir))]  # fmt: skip
-    equal = train(2, [*common, "--policy", "equal", "--weighting", "uniform"], workdir)
-    cost = train(2, [*common, "--policy", "cost"], workdir)
+    # bench_balance's 2-rank runs, made once for both: real Indian Pines, `make demo`'s model.
+    runs = policy_runs(2, "1,3", quick, workdir)
+    equal, cost = runs["equal"], runs["cost"]
+    epochs = len(cost.summary["epochs"])
     seconds = {
         name: sum(e["seconds"] for e in run.summary["epochs"])
         for name, run in (("equal", equal), ("cost", cost))

@@ -20,18 +20,14 @@ idle while it runs; every rank gets one thread.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shlex
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main"]
+from bench_common import BenchError, train
 
-VENV_BIN = Path(sys.executable).parent
+__all__ = ["main"]
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,17 +44,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _run(ranks: int, options: list[str], out: Path) -> dict[str, Any]:
-    command = [
-        str(VENV_BIN / "mpiexec"), "-n", str(ranks), str(VENV_BIN / "lbtrain"), "train",
-        "--threads", "1", *options, "--out", str(out),
-    ]  # fmt: skip
-    print("$", shlex.join(command), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    if result.returncode != 0:
-        sys.exit(f"run failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    return json.loads((out / "summary.json").read_text(encoding="utf-8"))
+def _run(ranks: int, options: list[str], parent: Path) -> dict[str, Any]:
+    try:
+        return train(ranks, options, parent).summary
+    except BenchError as exc:
+        sys.exit(f"run failed: {exc}")
 
 
 def _table(summary: dict[str, Any]) -> None:
@@ -88,13 +78,12 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.mode == "predict":
-        summary = _run(args.ranks or 3, args.extra, Path(tempfile.mkdtemp(dir=args.out)))
+        summary = _run(args.ranks or 3, args.extra, args.out)
         _table(summary)
         return
     for replan in ("off", "auto"):
         print(f"\n--replan {replan}")
-        run = Path(tempfile.mkdtemp(dir=args.out))
-        summary = _run(args.ranks or 2, [*args.extra, "--replan", replan], run)
+        summary = _run(args.ranks or 2, [*args.extra, "--replan", replan], args.out)
         _table(summary)
 
 

@@ -1,0 +1,128 @@
+"""Benchmark 1 (issue 10): balancing against the ideal, on real Indian Pines.
+
+Two emulated clusters: 2 ranks `--emulate-slowdown 1,3` and 3 ranks `1,2,4`, with the
+`make demo` model and batch (hamida, patch 11, PCA 30, global batch 64, its 1,025 training
+pixels; ~600 test pixels, as evaluation is not measured). Per cluster the `cost` run
+profiles; the other policies train the plans `lbtrain train` makes from its profiles.json
+(`--plan`), so they plan from one profile. Runs are shared: quick, the 3-rank `cost` run is
+the demo-config run bench_profiling and bench_memory read; the 2-rank `cost` and `equal`
+runs are bench_ddp's headline (`equal` there profiles itself, which does not change equal
+batches).
+Every run keeps its plan (`--replan off`); quick, the `--plan` runs train on half the
+training pixels (512: 8 steps an epoch, not 16; each step is the same work). Measured: the
+median step and epoch time from epoch 2 on (epoch 1 pays one-off costs) and each rank's
+idle share. The targets compare steps.
+
+Targets: efficiency = the ideal step T* (the report's continuous water-filling optimum of
+the profiled alpha-beta model, plus the measured sync) / the measured `cost` step >= 0.90;
+and `cost`'s measured speedup over `equal` >= 0.90 x the speedup the report predicts.
+
+    .venv/bin/python scripts/bench_balance.py [--quick] [--no-write]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import bench_common as bc
+from bench_common import Figure
+
+__all__ = ["main", "run"]
+
+NAME = "1 balance"
+SETUPS = ((2, "1,3"), (3, "1,2,4"))
+POLICIES = ("equal", "proportional", "cost")
+TARGET = 0.90
+
+
+def _options(slowdown: str, epochs: int, workdir: Path, half: bool = False) -> list[str]:
+    # The 2-rank runs are also bench_ddp's headline (it calls policy_runs): `equal
+    # --weighting uniform` is DDP's algorithm, and at equal batches 1/P is b_i/B.
+    return [
+        *bc.DEMO_MODEL, "--global-batch", str(bc.DEMO_BATCH), "--emulate-slowdown", slowdown,
+        "--epochs", str(epochs), "--no-map", "--replan", "off",
+        "--split-file", str(bc.bench_split(workdir) if half else bc.eval_subset_split(workdir)),
+    ]  # fmt: skip
+
+
+def policy_runs(ranks: int, slowdown: str, quick: bool, workdir: Path) -> dict[str, bc.Run]:
+    """The three policies' runs on one cluster; `cost` profiles, the others train its plans."""
+    epochs = 2 if quick else 4
+    runs: dict[str, bc.Run] = {}
+    if ranks == 2:
+        shared = _options(slowdown, 3 if quick else 10, workdir)
+        runs["cost"] = bc.train(ranks, [*shared, "--policy", "cost"], workdir)
+        runs["equal"] = bc.train(ranks, [*shared, "--policy", "equal", "--weighting", "uniform"],
+                                 workdir)  # fmt: skip
+    elif quick:
+        runs["cost"] = bc.demo_run(quick, workdir)  # shared with bench_profiling, bench_memory
+    else:
+        runs["cost"] = bc.train(ranks, [*_options(slowdown, epochs, workdir), "--policy", "cost"],
+                                workdir)  # fmt: skip
+    profiles = runs["cost"].out / "profiles.json"  # as re-timed: the profile cost planned on
+    for policy in ("equal", "proportional"):
+        if policy not in runs:
+            # `--plan`: exactly the plan `lbtrain train` makes from these profiles, with no
+            # profiling or re-timing of its own, so the policies share one profile. Quick,
+            # on half the training pixels (8 steps an epoch): each step is the same work.
+            plan = bc.write_plan(workdir / f"plan-{ranks}-{policy}.json", policy, ranks, profiles)
+            options = _options(slowdown, epochs, workdir, half=quick) + ["--plan", str(plan)]
+            runs[policy] = bc.train(ranks, options, workdir)
+    return runs
+
+
+def _setup_figures(ranks: int, slowdown: str, quick: bool, workdir: Path) -> list[Figure]:
+    runs = policy_runs(ranks, slowdown, quick, workdir)
+    label = f"{ranks}r {slowdown}"
+    report = bc.balance_report(runs["cost"].out / "profiles.json", bc.DEMO_BATCH)
+    figures = []
+    step = {}
+    for policy in POLICIES:
+        summary = runs[policy].summary
+        step[policy] = bc.median_of(summary, "measured_step_seconds")
+        predicted = report["policies"][policy]["predicted_step_time"]
+        idle = " / ".join(f"{100 * x:.0f}" for x in bc.rank_idle(summary))
+        batches = "/".join(map(str, summary["epochs"][-1]["batch_sizes"]))
+        epochs = len(bc.measured_epochs(summary))
+        figures.append(Figure(
+            NAME, f"{label} {policy} step", 1e3 * step[policy], "ms",
+            note=f"batches {batches}; predicted {1e3 * predicted:.1f} ms; epoch "
+            f"{bc.median_of(summary, 'seconds'):.2f} s ({summary['epochs'][-1]['steps']} steps, "
+            f"median of {epochs}); idle per rank {idle} %"
+            + ("; bench_ddp's run (uniform weights 1/P = b_i/B at equal batches)"
+               if "--weighting uniform" in runs[policy].command else ""),
+        ))  # fmt: skip
+    ideal = report["ideal"]
+    efficiency = ideal["step"] / step["cost"]
+    figures.append(Figure(
+        NAME, f"{label} efficiency T*/cost step", efficiency, "", f">= {TARGET:.2f}",
+        efficiency >= TARGET, f"T* {1e3 * ideal['step']:.1f} ms (compute "
+        f"{1e3 * ideal['compute']:.1f} + sync {1e3 * ideal['comm']:.1f}), measured cost step "
+        f"{1e3 * step['cost']:.1f} ms",
+    ))  # fmt: skip
+    measured = step["equal"] / step["cost"]
+    predicted = report["policies"]["cost"]["speedup_over_equal"]
+    ratio = measured / predicted
+    figures.append(Figure(
+        NAME, f"{label} cost speedup, measured/predicted", ratio, "", f">= {TARGET:.2f}",
+        ratio >= TARGET, f"measured {measured:.2f}x over equal, predicted {predicted:.2f}x",
+    ))  # fmt: skip
+    return figures
+
+
+def run(quick: bool, workdir: Path) -> list[Figure]:
+    """Both clusters' figures."""
+    figures: list[Figure] = []
+    for ranks, slowdown in SETUPS:
+        figures += _setup_figures(ranks, slowdown, quick, workdir)
+    return figures
+
+
+def main() -> None:
+    """Run alone: print the table, write the section, exit 1 if a target is missed."""
+    sys.exit(bc.standalone("scripts/bench_balance.py", run, name=NAME))
+
+
+if __name__ == "__main__":
+    main()
