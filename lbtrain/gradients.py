@@ -24,6 +24,7 @@ from lbtrain.staging import Stager, make_stager
 
 __all__ = [
     "DEFAULT_BUCKET_MB",
+    "OVERLAP_BUCKET_MB",
     "GradientSync",
     "gradient_buckets",
     "sync_gradients",
@@ -32,6 +33,10 @@ __all__ = [
 
 # Large enough that a small model needs one call and a big one a handful; DDP uses 25 MB.
 DEFAULT_BUCKET_MB = 25.0
+# With overlap, smaller: a bucket starts only once all its gradients are in, and HybridSN's
+# first dense layer alone is 18 of its 19.5 MiB. 4 MiB cut the wait after backward by 71%
+# where 25 MiB cut it by 31% (benchmark 2 in BENCHMARKS.md).
+OVERLAP_BUCKET_MB = 4.0
 
 
 def gradient_buckets(
@@ -135,10 +140,15 @@ class GradientSync:
     Args:
         model: a module, or its parameters, with the same structure on every rank.
         comm: the job's communicator.
-        bucket_mb: flat-buffer size per allreduce, in MiB.
+        bucket_mb: flat-buffer size per allreduce, in MiB (None: OVERLAP_BUCKET_MB with
+            overlap, DEFAULT_BUCKET_MB without).
         overlap: start each bucket's allreduce from backward (needs one backward per step).
         progress: with overlap, test the requests in flight from every gradient hook, so
-            an MPI library that progresses only inside MPI calls moves them on.
+            an MPI library that progresses only inside MPI calls (MPICH by default) moves
+            them on. Measured on MPICH (benchmark 2): the wait after backward cut by 71%
+            with these calls, 25% without; MPICH's progress thread
+            (MPIR_CVAR_ASYNC_PROGRESS=1) cut it by 76% but spins a core per rank and made
+            every step 1.8x slower on a 2-core machine.
         stage: pass buckets through pinned host buffers (None: for CUDA buckets when the
             MPI library is not CUDA-aware). True on a CPU bucket exercises the same path.
 
@@ -153,11 +163,13 @@ class GradientSync:
         model: nn.Module | Iterable[nn.Parameter],
         comm: Communicator,
         *,
-        bucket_mb: float = DEFAULT_BUCKET_MB,
+        bucket_mb: float | None = None,
         overlap: bool = False,
         progress: bool = True,
         stage: bool | None = None,
     ) -> None:
+        if bucket_mb is None:
+            bucket_mb = OVERLAP_BUCKET_MB if overlap else DEFAULT_BUCKET_MB
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, Real) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb={bucket_mb!r} must be a positive number of MiB")
         params = list(model.parameters() if isinstance(model, nn.Module) else model)

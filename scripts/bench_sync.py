@@ -11,7 +11,8 @@ one launch, round after round (medians over rounds, each timed after a barrier):
   calls from the gradient hooks. A second launch repeats the steps with MPICH's progress
   thread (`MPIR_CVAR_ASYNC_PROGRESS=1`).
 
-Hidden share = 1 - (sync left to wait for after backward with overlap) / (the same without).
+Cut = 1 - (time left to wait after backward with overlap) / (the same without). That wait
+holds the sync and any wait for the other rank's backward: both are what overlap can hide.
 
     .venv/bin/python scripts/bench_sync.py [--quick]
 """
@@ -161,7 +162,7 @@ def run(quick: bool, workdir: Path) -> list[Figure]:
     ):
         hidden = 1 - steps[f"exposed {name}"] / steps["exposed off"]
         figures.append(
-            Figure(bench, f"overlap, {label}: share of sync hidden", 100 * hidden, "%",
+            Figure(bench, f"overlap, {label}: wait after backward cut", 100 * hidden, "%",
                    note=f"{1e3 * steps[f'exposed {name}']:.1f} ms left after backward (vs "
                    f"{1e3 * steps['exposed off']:.1f}); step {1e3 * steps[f'step {name}']:.0f} "
                    f"ms (vs {1e3 * steps['step off']:.0f})")
