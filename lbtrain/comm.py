@@ -196,6 +196,16 @@ class MPICommunicator:
         return _MPIRequest(self._comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM), buffer)
 
     @cached_property
+    def thread_safe(self) -> bool:
+        """Whether MPI may be called from a thread other than the main one (SERIALIZED+).
+
+        Gradient hooks of CUDA parameters run on autograd's device threads.
+        """
+        from mpi4py import MPI
+
+        return MPI.Query_thread() >= MPI.THREAD_SERIALIZED
+
+    @cached_property
     def cuda_aware(self) -> bool:
         """Whether the MPI library handles CUDA buffers (MPIX_Query_cuda_support).
 

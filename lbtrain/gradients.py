@@ -12,6 +12,7 @@ backward still runs.
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from numbers import Real
@@ -187,6 +188,12 @@ class GradientSync:
         self._scale = True
         self._armed = False
         self._next = 0  # the first bucket not yet launched
+        # Hooks of CUDA parameters run on autograd's device threads, those of CPU ones on the
+        # caller's: one lock keeps a bucket from starting twice. MPI may be called from a
+        # thread other than begin()'s only where the library allows it (SERIALIZED or more).
+        self._lock = threading.RLock()
+        self._owner: int | None = None
+        self._any_thread = bool(getattr(comm, "thread_safe", True))
         self._hooks = []
         if self.overlap:
             self._hooks = [
@@ -219,18 +226,21 @@ class GradientSync:
         """
         self._weight = check_weight(weight)
         self._scale = not prescaled
+        self._check_idle()
         self.zero_grad()
         self._reset()
+        self._owner = threading.get_ident()
         self._armed = self.overlap
 
     def launch(self) -> None:
         """Start every bucket not started yet, in order (after backward, before `wait`)."""
-        for bucket in self.buckets[self._next :]:
-            for index in range(len(bucket.params)):
-                if index not in bucket.ready:
-                    bucket.attach(index)
-                    bucket.ready.add(index)
-        self._launch_ready(block=True)
+        with self._lock:
+            for bucket in self.buckets[self._next :]:
+                for index in range(len(bucket.params)):
+                    if index not in bucket.ready:
+                        bucket.attach(index)
+                        bucket.ready.add(index)
+            self._launch_ready(block=True)
 
     def wait(self) -> None:
         """Finish the step: every bucket reduced and copied back; then the optimizer steps."""
@@ -246,6 +256,7 @@ class GradientSync:
         """Weight and sum-allreduce the gradients backward left in `.grad` (no overlap)."""
         self._weight = check_weight(weight)
         self._scale = not prescaled
+        self._check_idle()
         self._reset()
         self.wait()
 
@@ -255,6 +266,13 @@ class GradientSync:
             handle.remove()
         self._hooks = []
         self._armed = False
+
+    def _check_idle(self) -> None:
+        if any(b.request is not None and not b.request.test() for b in self.buckets):
+            raise RuntimeError(
+                "a step started while the last one's allreduces were still in flight: call "
+                "wait() before the optimizer step and before the next begin()"
+            )
 
     def _reset(self) -> None:
         self._next = 0
@@ -266,21 +284,24 @@ class GradientSync:
     def _on_gradient(self, param: torch.Tensor) -> None:
         if not self._armed:
             return
-        k, index = self._where[id(param)]
-        bucket = self.buckets[k]
-        if bucket.launched:
-            self._armed = False
-            raise RuntimeError(
-                "a gradient arrived for a bucket already being reduced: overlap needs one "
-                "backward per step; call begin() before each backward, or turn overlap off"
-            )
-        bucket.attach(index)
-        bucket.ready.add(index)
-        self._launch_ready(block=False)
-        if self.progress:
-            for earlier in self.buckets[: self._next]:
-                if earlier.request is not None and not earlier.request.test():
-                    break
+        with self._lock:
+            k, index = self._where[id(param)]
+            bucket = self.buckets[k]
+            if bucket.launched:
+                self._armed = False
+                raise RuntimeError(
+                    "a gradient arrived for a bucket already being reduced: overlap needs one "
+                    "backward per step; call begin() before each backward, or turn overlap off"
+                )
+            bucket.attach(index)
+            bucket.ready.add(index)
+            if not self._any_thread and threading.get_ident() != self._owner:
+                return  # no MPI from this thread: launch() starts it, on begin()'s thread
+            self._launch_ready(block=False)
+            if self.progress:
+                for earlier in self.buckets[: self._next]:
+                    if earlier.request is not None and not earlier.request.test():
+                        break
 
     def _launch_ready(self, *, block: bool) -> None:
         """Start, in order, the buckets whose gradients are all in (staged ones once copied)."""
@@ -309,8 +330,9 @@ class GradientSync:
             bucket.flat.mul_(self._weight)
 
 
-# One GradientSync per (model, communicator), so `sync_gradients` builds its buckets once.
-_SYNCS: weakref.WeakKeyDictionary[nn.Module, dict[int, GradientSync]] = weakref.WeakKeyDictionary()
+# One GradientSync per model, so `sync_gradients` builds its buckets once; a call with
+# another communicator or a changed model replaces it (the old buckets are freed).
+_SYNCS: weakref.WeakKeyDictionary[nn.Module, GradientSync] = weakref.WeakKeyDictionary()
 
 
 def sync_gradients(
@@ -345,11 +367,10 @@ def sync_gradients(
     if not isinstance(model, nn.Module):
         GradientSync(model, comm, bucket_mb=bucket_mb).sync(weight)
         return
-    syncs = _SYNCS.setdefault(model, {})
-    sync = syncs.get(id(comm))
+    sync = _SYNCS.get(model)
     params = [p for p in model.parameters() if p.requires_grad]
     if sync is None or sync.comm is not comm or not _same_layout(sync, params, bucket_mb):
-        sync = syncs[id(comm)] = GradientSync(model, comm, bucket_mb=bucket_mb)
+        sync = _SYNCS[model] = GradientSync(model, comm, bucket_mb=bucket_mb)
     sync.sync(weight)
 
 
@@ -363,5 +384,6 @@ def _same_layout(sync: GradientSync, params: list[nn.Parameter], bucket_mb: floa
         and all(p is q for p, q in zip(group, bucket.params, strict=True))
         and bucket.flat.device == group[0].device
         and bucket.flat.dtype == group[0].dtype
+        and all(v.shape == p.shape for v, p in zip(bucket.views, group, strict=True))
         for group, bucket in zip(current, sync.buckets, strict=True)
     )

@@ -57,11 +57,14 @@ class CudaHostStaging:
         self.buffer = torch.empty(flat.numel(), dtype=flat.dtype, pin_memory=True)
         self.stream = torch.cuda.Stream(device=flat.device)
         self.copied = torch.cuda.Event()
+        self.returned = torch.cuda.Event()
 
     def stage(self) -> None:
-        # The side stream waits for the kernels that wrote (and scaled) the bucket, then
+        # The side stream waits for the kernels that wrote (and scaled) the bucket, and for
+        # the last copy back out of the host buffer, whatever stream that ran on; then it
         # copies while the compute stream goes on with the rest of backward.
         self.stream.wait_stream(torch.cuda.current_stream(self.flat.device))
+        self.stream.wait_event(self.returned)
         with torch.cuda.stream(self.stream):
             self.buffer.copy_(self.flat, non_blocking=True)
             self.copied.record(self.stream)
@@ -74,8 +77,9 @@ class CudaHostStaging:
 
     def unstage(self) -> None:
         # Pinned source, compute stream: queued before the optimizer's kernels. The next
-        # download of this buffer is queued behind it on the same device, so none overtakes.
+        # download into this buffer waits for this event, so it never overwrites it early.
         self.flat.copy_(self.buffer, non_blocking=True)
+        self.returned.record(torch.cuda.current_stream(self.flat.device))
 
 
 class CudaDirect:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+import lbtrain.gradients as gradients
 from lbtrain import SingleProcessCommunicator, sync_gradients
 from lbtrain.gradients import GradientSync, sync_layout
 
@@ -203,6 +206,48 @@ def test_gradients_the_user_released_are_copied_in():
             torch.testing.assert_close(p.grad, g)
 
 
+def test_sync_gradients_keeps_one_sync_per_model_whatever_communicators_it_sees():
+    model = make_model()
+    for _ in range(3):  # a new communicator object each call must not pile up buckets
+        comm = SingleProcessCommunicator()
+        sync_gradients(model, 1.0, comm)
+    assert gradients._SYNCS[model].comm is comm
+    assert all(p.grad.data_ptr() == v.data_ptr() for b in gradients._SYNCS[model].buckets
+               for p, v in zip(b.params, b.views, strict=True))  # fmt: skip
+
+
+def test_a_step_begun_with_allreduces_still_in_flight_is_refused():
+    model = make_model()
+    comm = TwoRankComm()
+    sync = GradientSync(model, comm, overlap=True)
+    x, y = batch()
+    sync.begin(0.5)
+    nn.functional.cross_entropy(model(x), y).backward()
+    sync.launch()  # started, never waited for
+    with pytest.raises(RuntimeError, match="still in flight"):
+        sync.begin(0.5)
+    sync.wait()
+    sync.begin(0.5)  # once waited for, the next step may begin
+
+
+def test_hooks_on_another_thread_leave_mpi_to_the_callers_thread_when_mpi_is_not_thread_safe():
+    """CUDA parameters' hooks run on autograd's device threads; FUNNELED MPI forbids that."""
+    model = make_model()
+    comm = TwoRankComm()
+    comm.thread_safe = False
+    sync = GradientSync(model, comm, bucket_mb=0.0005, overlap=True)
+    x, y = batch()
+    sync.begin(0.5)
+    worker = threading.Thread(target=lambda: nn.functional.cross_entropy(model(x), y).backward())
+    worker.start()
+    worker.join()
+    assert comm.started == []  # every bucket ready, none started from the hooks' thread
+    sync.wait()
+    assert [ptr for ptr, _ in comm.started] == [b.flat.data_ptr() for b in sync.buckets]
+    for p, g in zip(model.parameters(), plain_grads(make_model(), 0.5), strict=True):
+        torch.testing.assert_close(p.grad, g)
+
+
 def test_sync_gradients_builds_the_buckets_once_per_model():
     model = make_model()
     comm = SingleProcessCommunicator()
@@ -232,17 +277,23 @@ def test_layout_is_reverse_order_and_matches_the_buckets():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("stage", [True, False])
 def test_cuda_buckets_staged_or_direct_match_the_cpu_result(stage):
-    """Staged: pinned host buffers, the download on a side stream; direct: CUDA-aware MPI."""
-    cpu_model = make_model()
+    """Staged: pinned host buffers, the download on a side stream; direct: CUDA-aware MPI.
+
+    Three steps on different data, so the host buffers and streams are reused.
+    """
+    cpu_model, model = make_model(), make_model().cuda()
     cpu_sync = GradientSync(cpu_model, TwoRankComm(), bucket_mb=0.0005, overlap=True)
-    overlapped_step(cpu_sync, TwoRankComm(), cpu_model, 0.3)
-    model = make_model().cuda()
     comm = TwoRankComm()
     comm.cuda_aware = not stage
     sync = GradientSync(model, comm, bucket_mb=0.0005, overlap=True, stage=stage)
-    x, y = batch()
-    sync.begin(0.3)
-    nn.functional.cross_entropy(model(x.cuda()), y.cuda()).backward()
-    sync.wait()
-    for p, q in zip(model.parameters(), cpu_model.parameters(), strict=True):
-        torch.testing.assert_close(p.grad.cpu(), q.grad)
+    for step in range(3):
+        x, y = torch.randn(10, 6), torch.randint(0, 3, (10,))
+        for target, s, inputs, labels in (
+            (cpu_model, cpu_sync, x, y),
+            (model, sync, x.cuda(), y.cuda()),
+        ):
+            s.begin(0.3)
+            nn.functional.cross_entropy(target(inputs), labels).backward()
+            s.wait()
+        for p, q in zip(model.parameters(), cpu_model.parameters(), strict=True):
+            torch.testing.assert_close(p.grad.cpu(), q.grad, msg=f"step {step}")

@@ -79,9 +79,14 @@ def main() -> None:
         for x, y, index in loader:
             seen.extend(index.tolist())
             if overlapped is not None:
-                overlapped.begin(loader.weight)
+                # "overlap" drives it as the trainer does (the weight rides on the loss);
+                # "staged" scales the buckets.
+                prescaled = mode == "overlap"
+                overlapped.begin(loader.weight, prescaled=prescaled)
                 if not loader.empty:
-                    loss_fn(weighted(x), y).backward()
+                    loss = loss_fn(weighted(x), y)
+                    (loss * loader.weight if prescaled else loss).backward()
+                overlapped.launch()
                 overlapped.wait()
                 opt_weighted.step()
             for model, opt, weight in (
