@@ -20,6 +20,7 @@ from numbers import Real
 import torch
 from torch import nn
 
+from lbtrain.balancer.checks import real
 from lbtrain.comm import Communicator, Request
 from lbtrain.staging import Stager, make_stager
 
@@ -73,13 +74,9 @@ def sync_layout(
 
 
 def check_weight(weight: object) -> float:
-    """`weight` as a float in [0, 1], or a ValueError naming what to pass."""
-    if (
-        isinstance(weight, bool)
-        or not isinstance(weight, Real)
-        or not math.isfinite(weight)
-        or not 0 <= weight <= 1
-    ):
+    """`weight` as a float in [0, 1]: TypeError for a non-number, ValueError out of range."""
+    weight = real("weight", weight)
+    if not math.isfinite(weight) or not 0 <= weight <= 1:
         raise ValueError(
             f"weight={weight!r} is invalid: pass this rank's b_i / B, a number in [0, 1] "
             "(BalancedLoader.weight)"

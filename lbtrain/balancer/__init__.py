@@ -14,10 +14,17 @@ from lbtrain.balancer.advice import (
     subset_predictions,
 )
 from lbtrain.balancer.network import CommCost
-from lbtrain.balancer.plan import POLICIES, BalancePlan, cost_sizes, plan_batches
+from lbtrain.balancer.plan import (
+    MAX_GLOBAL_BATCH,
+    POLICIES,
+    BalancePlan,
+    cost_sizes,
+    plan_batches,
+)
 from lbtrain.balancer.replica import ReplicaSpeed, SupportsReplicaSpeed, as_replica_speed
 
 __all__ = [
+    "MAX_GLOBAL_BATCH",
     "POLICIES",
     "WORTHWHILE",
     "BalancePlan",

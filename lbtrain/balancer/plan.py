@@ -6,15 +6,20 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from numbers import Integral
 from typing import Any
 
+from lbtrain.balancer.checks import listed, whole
 from lbtrain.balancer.network import CommCost
 from lbtrain.balancer.replica import ReplicaSpeed, as_replica_speed
 from lbtrain.balancer.rounding import largest_remainder, min_max_round, water_fill
 
-__all__ = ["POLICIES", "BalancePlan", "cost_sizes", "plan_batches"]
+__all__ = ["MAX_GLOBAL_BATCH", "POLICIES", "BalancePlan", "cost_sizes", "plan_batches"]
 
 POLICIES = ("equal", "proportional", "cost")
+# The planner shares batches through float water-filling, exact for integers up to 2**53;
+# larger batches are refused rather than rounded loosely (no step holds that many samples).
+MAX_GLOBAL_BATCH = 2**53
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,10 @@ class BalancePlan:
     comm: CommCost | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
+        # numpy integers become ints (a plan goes to JSON); anything else is refused below.
+        object.__setattr__(self, "batch_sizes", tuple(_plain(b) for b in self.batch_sizes))
+        object.__setattr__(self, "min_batch", _plain(self.min_batch))
+        object.__setattr__(self, "global_batch_size", _plain(self.global_batch_size))
         object.__setattr__(
             self,
             "replicas",
@@ -187,7 +195,7 @@ def plan_batches(
     Args:
         ranks: one entry per replica: a throughput in samples/s, a ReplicaSpeed, or a
             profile record with `replica_speed()` (e.g. lbtrain.profiling.ReplicaProfile).
-        global_batch_size: B, samples per global batch.
+        global_batch_size: B, samples per global batch, at most MAX_GLOBAL_BATCH (2**53).
         policy: "equal" (B/P each, the unbalanced baseline), "proportional" (b_i proportional
             to throughput, largest-remainder rounding), or "cost" (minimise the slowest
             replica's alpha_i + beta_i * b_i).
@@ -207,19 +215,22 @@ def plan_batches(
     """
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is unknown; choose one of {', '.join(POLICIES)}")
+    ranks = listed("ranks", ranks, "throughputs or profiles, one per replica")
+    min_batch = whole("min_batch", min_batch, low=0)
+    global_batch_size = whole("global_batch_size", global_batch_size, low=1)
+    if caps is not None:
+        caps = [
+            None if cap is None else whole(f"caps[{i}]", cap, low=1)
+            for i, cap in enumerate(listed("caps", caps, "ints or None, one per replica"))
+        ]
     if len(ranks) == 0:
         raise ValueError("ranks is empty: pass one throughput or profile per replica")
     replicas = [as_replica_speed(entry, i) for i, entry in enumerate(ranks)]
     count = len(replicas)
-    if isinstance(min_batch, bool) or not isinstance(min_batch, int) or min_batch < 0:
-        raise ValueError(f"min_batch={min_batch!r} is invalid: it must be an integer >= 0")
-    if (
-        isinstance(global_batch_size, bool)
-        or not isinstance(global_batch_size, int)
-        or (global_batch_size < 1)
-    ):
+    if global_batch_size > MAX_GLOBAL_BATCH:
         raise ValueError(
-            f"global_batch_size={global_batch_size!r} is invalid: it must be an integer >= 1"
+            f"global_batch_size={global_batch_size} is above 2**53 = {MAX_GLOBAL_BATCH:,}, the "
+            "largest batch the planner shares exactly; pass a smaller global batch"
         )
     floor = min_batch if policy == "cost" else max(1, min_batch)
     if global_batch_size < count * floor:
@@ -260,6 +271,13 @@ def plan_batches(
         min_batch=min_batch,
         comm=comm,
     )
+
+
+def _plain(value: object) -> object:
+    """A numpy (or other) integer as an int; anything else unchanged, for the checks."""
+    if isinstance(value, Integral) and not isinstance(value, bool):
+        return int(value)
+    return value
 
 
 def cost_sizes(

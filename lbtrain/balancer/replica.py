@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["ReplicaSpeed", "SupportsReplicaSpeed", "as_replica_speed"]
@@ -27,6 +27,13 @@ class ReplicaSpeed:
     cap: int | None = None
 
     def __post_init__(self) -> None:
+        # numpy scalars become Python numbers, so plans stay JSON-serialisable.
+        for name in ("throughput", "alpha", "beta"):
+            value = getattr(self, name)
+            if isinstance(value, Real) and not isinstance(value, bool | float):
+                object.__setattr__(self, name, float(value))
+        if isinstance(self.cap, Integral) and not isinstance(self.cap, bool | int):
+            object.__setattr__(self, "cap", int(self.cap))
         if not _is_positive_finite(self.throughput):
             raise ValueError(
                 f"throughput={self.throughput!r} is invalid: it must be a finite number of "

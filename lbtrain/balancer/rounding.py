@@ -36,9 +36,11 @@ def water_fill(
         Real-valued shares summing to `total` (to float precision).
     """
 
+    # No share can exceed the total (every lower bound is >= 0): the cap also keeps a replica
+    # that is 1e300 times faster than another from reaching infinity.
     def shares(finish: float) -> list[float]:
         return [
-            min(upper[i], max(lower[i], (finish - alphas[i]) / betas[i]))
+            min(upper[i], total, max(lower[i], (finish - alphas[i]) / betas[i]))
             for i in range(len(alphas))
         ]
 
@@ -52,7 +54,17 @@ def water_fill(
             lo = mid
         else:
             hi = mid
-    return shares(hi)
+    high = shares(hi)
+    excess = sum(high) - total
+    if abs(excess) <= 0.5:
+        return high
+    # Speeds so far apart that one ulp of T moves a share by many samples: the total lies
+    # between the shares at two adjacent finishing times, so interpolate between them (each
+    # share stays within its own two values, hence within its bounds).
+    low = shares(lo)
+    gap = sum(high) - sum(low)
+    fraction = (total - sum(low)) / gap if gap > 0 else 1.0
+    return [a + fraction * (b - a) for a, b in zip(low, high, strict=True)]
 
 
 def largest_remainder(
@@ -89,12 +101,16 @@ def largest_remainder(
     while missing < 0:
         # Float noise can only overshoot by a sample or two; take them back from the
         # smallest fractional parts.
+        progressed = False
         for i in reversed(order):
             if missing == 0:
                 break
             if sizes[i] > lower[i]:
                 sizes[i] -= 1
                 missing += 1
+                progressed = True
+        if not progressed:
+            raise ValueError(f"cannot remove {-missing} samples: every replica is at its minimum")
     return sizes
 
 
@@ -118,6 +134,21 @@ def min_max_round(
     heap = [(alphas[i] + betas[i] * (sizes[i] + 1), i) for i in range(count) if sizes[i] < upper[i]]
     heapq.heapify(heap)
     missing = total - sum(sizes)
+    while missing < 0:
+        # Float noise in the targets: take samples back from the slowest replicas.
+        slowest = max(
+            (i for i in range(count) if sizes[i] > lower[i]),
+            key=lambda i: alphas[i] + betas[i] * sizes[i],
+            default=None,
+        )
+        if slowest is None:
+            raise ValueError(f"cannot remove {-missing} samples: every replica is at its minimum")
+        sizes[slowest] -= 1
+        missing += 1
+        heap = [
+            (alphas[i] + betas[i] * (sizes[i] + 1), i) for i in range(count) if sizes[i] < upper[i]
+        ]
+        heapq.heapify(heap)
     while missing > 0:
         if not heap:
             raise ValueError(f"cannot place {missing} more samples: every replica is at its cap")

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from lbtrain.balancer import BalancePlan, plan_batches
+from lbtrain.balancer.checks import whole
 from lbtrain.data.sampler import BalancedBatchSampler
 
 __all__ = ["BalancedLoader", "balanced_loader"]
@@ -138,6 +139,7 @@ def balanced_loader(
         ...         sync_gradients(model, loader.weight, comm)
         ...         optimizer.step()
     """
+    seed = whole("seed", seed)
     if isinstance(ranks, BalancePlan):
         plan = ranks
         if global_batch_size is not None and global_batch_size != plan.global_batch_size:

@@ -9,6 +9,7 @@ import torch
 from torch.utils.data import Sampler
 
 from lbtrain.balancer import BalancePlan
+from lbtrain.balancer.checks import whole
 from lbtrain.balancer.rounding import largest_remainder
 
 __all__ = ["BalancedBatchSampler", "epoch_schedule"]
@@ -97,7 +98,10 @@ class BalancedBatchSampler(Sampler[list[int]]):
         seed: int = 0,
         drop_last: bool = False,
     ) -> None:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < plan.world_size:
+        rank = whole("rank", rank)
+        num_samples = whole("num_samples", num_samples)
+        seed = whole("seed", seed)
+        if not 0 <= rank < plan.world_size:
             raise ValueError(
                 f"Invalid rank {rank}, rank should be in the interval [0, {plan.world_size - 1}]"
             )

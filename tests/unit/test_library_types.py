@@ -1,0 +1,70 @@
+"""The library takes numpy scalars wherever it takes Python numbers, and names wrong types."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from lbtrain import balanced_loader, plan_batches
+from lbtrain.balancer import BalancePlan, ReplicaSpeed
+from lbtrain.data import BalancedBatchSampler
+
+
+def dataset(n: int = 40) -> TensorDataset:
+    return TensorDataset(torch.arange(n, dtype=torch.float32), torch.arange(n))
+
+
+def test_numpy_scalars_work_as_batch_sizes_ranks_caps_and_speeds():
+    speeds = [np.float32(100.0), np.float64(300.0)]
+    plan = plan_batches(speeds, np.int64(8), "proportional", caps=[None, np.int32(5)])
+    assert plan.batch_sizes == (3, 5)  # the numpy cap binds
+    assert all(type(b) is int for b in plan.batch_sizes)
+    json.loads(plan.to_json())  # numpy values would not serialise
+    speed = ReplicaSpeed(np.float32(10.0), alpha=np.float64(0.01), cap=np.int64(7))
+    assert type(speed.throughput) is float and type(speed.cap) is int
+    loader = balanced_loader(speeds, dataset(), global_batch_size=np.int64(8),
+                             rank=np.int64(1), seed=np.int64(3))  # fmt: skip
+    assert loader.batch_sampler.rank == 1
+    assert sum(len(y) for _, y in loader) > 0
+    sizes = BalancePlan("equal", np.int64(4), (np.int64(2), np.int64(2)), (1.0, 1.0))
+    assert sizes.batch_sizes == (2, 2) and type(sizes.global_batch_size) is int
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: plan_batches([1.0, 2.0], True), "global_batch_size"),
+        (lambda: plan_batches([1.0, 2.0], 8.0), "global_batch_size"),
+        (lambda: plan_batches([1.0, 2.0], "8"), "global_batch_size"),
+        (lambda: plan_batches([1.0, 2.0], 8, min_batch=1.5), "min_batch"),
+        (lambda: plan_batches(None, 8), "ranks"),
+        (lambda: plan_batches("12", 8), "ranks"),
+        (lambda: plan_batches([1.0, 2.0], 8, caps=[4, 2.5]), r"caps\[1\]"),
+        (lambda: plan_batches([1.0, 2.0], 8, caps=7), "caps"),
+        (lambda: BalancedBatchSampler(10, plan_batches([1.0, 2.0], 4), rank=1.0), "rank"),
+        (lambda: BalancedBatchSampler(10, plan_batches([1.0, 2.0], 4), rank=True), "rank"),
+        (
+            lambda: balanced_loader([1.0, 2.0], dataset(), global_batch_size=8, rank=0, seed="1"),
+            "seed",
+        ),  # fmt: skip
+    ],
+)
+def test_wrong_types_raise_a_type_error_naming_the_parameter(call, name):
+    with pytest.raises(TypeError, match=rf"^{name}="):
+        call()
+
+
+def test_a_generator_of_speeds_is_read_once_like_a_list():
+    plan = plan_batches((s for s in [100.0, 300.0]), 8, "proportional")
+    assert plan.batch_sizes == (2, 6)
+
+
+def test_a_numpy_rank_out_of_range_names_the_real_range():
+    with pytest.raises(
+        ValueError, match=r"Invalid rank 2, rank should be in the interval \[0, 1\]"
+    ):
+        BalancedBatchSampler(10, plan_batches([1.0, 2.0], 4), rank=np.int64(2))
