@@ -7,14 +7,22 @@ much: one HybridSN CPU step went from 0.95 s to 0.39 s).
 
 from __future__ import annotations
 
+import sys
+
 __all__ = ["main"]
 
 
 def main() -> int:
-    """Run `lbtrain` with sys.argv."""
-    from lbtrain.malloc import tune_malloc
+    """Run `lbtrain` with sys.argv; Ctrl-C while it starts up is one line and status 130."""
+    try:
+        from lbtrain.malloc import tune_malloc
 
-    tune_malloc()
-    from lbtrain.cli.main import main as run
+        tune_malloc()
+        from lbtrain.cli.main import main as run
 
-    return run()
+        return run()
+    except KeyboardInterrupt:
+        # Importing torch takes seconds, and parsing happens before any run: a Ctrl-C there
+        # would otherwise be a long traceback. (A run catches its own, and stops every rank.)
+        print("lbtrain: interrupted", file=sys.stderr, flush=True)
+        return 130

@@ -116,7 +116,14 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
             return 2
     try:
         with _one_line_warnings():
-            return int(args.run(args, comm) or 0)
+            code = int(args.run(args, comm) or 0)
+        sys.stdout.flush()  # a reader that left (`| head`) shows here, not at exit
+        return code
+    except BrokenPipeError:
+        # The reader of stdout left (`| head`): stop quietly, as standard tools do.
+        _silence_stdout()
+        _abort(comm, PIPE_EXIT)
+        return PIPE_EXIT
     except TrainingDiverged as exc:
         # Every rank saw the same non-finite loss at the same step: a failed run, not a usage
         # error, so status 1.
@@ -141,6 +148,17 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         traceback.print_exc()
         _abort(comm, 1)
         return 1
+
+
+# What a shell reports for a process ended by SIGPIPE (128 + 13), as `yes | head` gives.
+PIPE_EXIT = 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush cannot fail again."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 # mpiexec may drop an aborting rank's last output when the abort overtakes the pipe (seen in

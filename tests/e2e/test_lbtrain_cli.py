@@ -123,3 +123,17 @@ def test_profile_under_mpiexec_writes_one_record_per_rank(tmp_path):
         assert profile["reference_batch"] == data["profiles"][0]["reference_batch"]
         assert profile["alpha"] >= 0 and profile["beta"] > 0
     assert "wrote 2 profiles" in result.stdout
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly():
+    """`lbtrain ... | head`: the pipe closes before the output is written."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [*lbtrain_command(), "balance-report", "--profiles", str(FIXTURE),
+               "--global-batch", "300", "--format", "json"]  # fmt: skip
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env
+    )
+    process.stdout.close()  # the reader is gone before lbtrain has written a byte
+    _, stderr = process.communicate(timeout=120)
+    assert stderr == ""  # no traceback, no "error: [Errno 32] Broken pipe"
+    assert process.returncode == 141  # as a shell reports `yes | head`

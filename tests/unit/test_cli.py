@@ -250,3 +250,16 @@ def test_env_prints_what_a_bug_report_needs(capsys):
         "CUDA available:",
     ):
         assert needle in out, needle
+
+
+def test_ctrl_c_before_a_run_starts_is_one_line_and_status_130(monkeypatch, capsys):
+    """While torch imports or arguments parse, no run has its own handler yet."""
+    import lbtrain.cli.main as cli_main
+    from lbtrain.cli import entry
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_main, "main", interrupted)
+    assert entry.main() == 130
+    assert capsys.readouterr().err == "lbtrain: interrupted\n"
