@@ -140,6 +140,16 @@ def check_scene(cube: np.ndarray, gt: np.ndarray, info: SceneInfo, source: str) 
             f"{info.name} ground truth from {source} has labels {int(gt.min())}..{top}; "
             f"expected 0..{info.num_classes}"
         )
+    # A NaN or infinite value reaches every patch around its pixel and makes the loss NaN,
+    # which the trainer would only stop after the expensive part began: refuse it here.
+    bad = ~np.isfinite(cube).all(axis=2)
+    if bad.any():
+        raise DatasetError(
+            f"{info.name} cube from {source} has {int(bad.sum())} pixel(s) with NaN or infinite "
+            f"values (first at row {int(np.argwhere(bad)[0][0])}, column "
+            f"{int(np.argwhere(bad)[0][1])}); repair or replace them in the file (for example "
+            "with numpy.nan_to_num) before training"
+        )
 
 
 def load_scene(

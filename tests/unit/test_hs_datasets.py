@@ -235,6 +235,23 @@ def test_labels_out_of_range_are_reported(tmp_path):
         load_scene(fake_info(), tmp_path, download=False)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_pixels_are_refused_with_the_scene_and_their_count(tmp_path, bad):
+    """A NaN pixel would make every loss NaN once training began: refuse it at load."""
+    import scipy.io
+
+    write_fake_scene(tmp_path)
+    cube = np.random.default_rng(0).random((6, 5, 4))
+    cube[2, 3, 1] = bad
+    cube[4, 0, :] = bad  # one pixel, every band: still one pixel
+    scipy.io.savemat(tmp_path / "fake_cube.mat", {"cube": cube})
+    with pytest.raises(DatasetError) as err:
+        load_scene(fake_info(), tmp_path, download=False)
+    message = str(err.value)
+    assert "fake" in message.lower() and "2 pixel(s) with NaN or infinite" in message
+    assert "row 2, column 3" in message and "\n" not in message
+
+
 def test_synthetic_scene_is_deterministic_and_configurable():
     a = make_synthetic_scene(20, 24, 10, 3, seed=5)
     b = make_synthetic_scene(20, 24, 10, 3, seed=5)
