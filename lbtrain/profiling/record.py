@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lbtrain.balancer import ReplicaSpeed
+from lbtrain.profiling.validate import check_profile_fields
 
 __all__ = [
     "FORMAT_NAME",
@@ -195,9 +196,10 @@ class ReplicaProfile:
         missing = [name for name in names if name not in data and name not in _OPTIONAL]
         if missing:
             raise ValueError(f"profile lacks {', '.join(repr(m) for m in missing)}")
+        check_profile_fields(data)  # every field as data: one ValueError naming the field
         try:
             return cls(**{name: data[name] for name in names if name in data})
-        except TypeError as exc:
+        except (TypeError, OverflowError) as exc:
             raise ValueError(f"profile has a field of the wrong type ({exc})") from exc
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -315,8 +317,18 @@ def load_profiles(
         ) from None
     except OSError as exc:
         raise ProfileFileError(f"profile file {str(path)!r} cannot be read: {exc}") from None
+    except UnicodeDecodeError:
+        raise ProfileFileError(
+            f"profile file {str(path)!r} is not UTF-8 text, so not a profiles file; "
+            "regenerate it with `mpiexec -n N lbtrain profile --output FILE`"
+        ) from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ProfileFileError(
+            f"profile file {str(path)!r} nests too deeply to be a profiles file; regenerate "
+            "it with `mpiexec -n N lbtrain profile --output FILE`"
+        ) from None
     except json.JSONDecodeError as exc:
         raise ProfileFileError(
             f"profile file {str(path)!r} is not valid JSON ({exc}); regenerate it with "
