@@ -7,9 +7,11 @@ import re
 
 from lbtrain.balancer import POLICIES
 from lbtrain.cli.common import (
+    CLIError,
     CollectiveError,
     add_profiling_arguments,
     agree,
+    check_plot_path,
     check_writable,
     load_profiles_collective,
     non_negative_int,
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     # Only rank 0 writes, so a node without matplotlib elsewhere must not fail the job.
     if args.plot:
         agree(comm, lambda: comm.rank != 0 or require_matplotlib(), name_rank=False)
-        agree(comm, lambda: comm.rank != 0 or check_writable(args.plot, "--plot"), name_rank=False)
+        agree(comm, lambda: comm.rank != 0 or check_plot_path(args.plot), name_rank=False)
     if args.save_profiles and not args.profiles:
         agree(
             comm,
@@ -105,6 +107,15 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     if args.profiles:
         profiles = load_profiles_collective(comm, args.profiles)
     else:
+        # Before minutes of profiling: equal and proportional give every rank at least one
+        # sample, and at least --min-batch.
+        floor = max(1, args.min_batch) if args.policy != "cost" else args.min_batch
+        if comm.size * floor > args.global_batch:
+            raise CLIError(
+                f"--min-batch {args.min_batch} on {comm.size} ranks needs --global-batch "
+                f">= {comm.size * floor} (policy {args.policy}), not {args.global_batch}; "
+                "lower --min-batch or raise --global-batch"
+            )
         profiles = run_profiling(args, comm)
     try:
         report = agree(

@@ -25,6 +25,7 @@ __all__ = [
     "CollectiveError",
     "add_profiling_arguments",
     "agree",
+    "check_plot_path",
     "check_writable",
     "load_profiles_collective",
     "positive_float",
@@ -54,6 +55,32 @@ def check_writable(path: str, option: str) -> None:
         raise ValueError(
             f"{option} {path!r}: folder {str(folder)!r} is not writable; choose another"
         )
+
+
+# Image formats matplotlib writes (its savefig picks the format from the file's extension).
+PLOT_FORMATS = ("png", "svg", "pdf", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp", "gif")
+
+
+def check_plot_path(path: str, option: str = "--plot") -> None:
+    """Fail now if `path` cannot become the image file the user named: before any work.
+
+    The format comes from the extension, so a folder, a missing extension or an unknown one
+    would otherwise fail (or land somewhere else) only after the report is computed.
+    """
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ValueError(
+            f"{option} {path!r} is a folder; name an image file in it, e.g. "
+            f"{str(target / 'report.png')!r}"
+        )
+    suffix = target.suffix.lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        found = f"extension .{suffix}" if suffix else "no extension"
+        raise ValueError(
+            f"{option} {path!r} has {found}; the format comes from it: end the name with one "
+            f"of {', '.join('.' + f for f in PLOT_FORMATS)}"
+        )
+    check_writable(path, option)
 
 
 def _int_at_least(text: str, minimum: int) -> int:

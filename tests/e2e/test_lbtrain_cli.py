@@ -137,3 +137,32 @@ def test_a_reader_that_leaves_ends_the_command_quietly():
     _, stderr = process.communicate(timeout=120)
     assert stderr == ""  # no traceback, no "error: [Errno 32] Broken pipe"
     assert process.returncode == 141  # as a shell reports `yes | head`
+
+
+@pytest.mark.parametrize(
+    ("plot", "needle"),
+    [
+        ("{tmp}", "is a folder; name an image file in it"),
+        ("{tmp}/report", "has no extension"),
+        ("{tmp}/report.xyz", "has extension .xyz"),
+        ("{tmp}/missing/report.png", "does not exist; create it first"),
+    ],
+)
+def test_a_plot_path_that_cannot_be_the_named_image_is_refused_before_any_work(
+    tmp_path, plot, needle
+):
+    plot = plot.format(tmp=tmp_path)
+    result = _run([*lbtrain_command(), "balance-report", "--profiles", str(FIXTURE),
+                   "--plot", plot])  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""  # refused before the report, not after it
+    assert needle in result.stderr and result.stderr.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written anywhere
+
+
+def test_min_batch_too_large_is_refused_before_profiling():
+    result = _run([*lbtrain_command(), "balance-report", "--min-batch", "600",
+                   "--global-batch", "512"])  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--min-batch 600 on 1 ranks needs --global-batch >= 600" in result.stderr
+    assert "profil" not in result.stdout.lower()  # no profiling output came first
