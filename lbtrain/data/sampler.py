@@ -59,9 +59,15 @@ def _split_like(plan: BalancePlan, size: int) -> list[int]:
         for r, b in zip(plan.replicas, plan.batch_sizes, strict=True)
     ]
     if sum(caps) < size:
-        # Only a merged tail (at most P - 1 samples over B) can get here: going one sample
-        # over a cap beats skipping samples or giving some rank an empty batch.
-        caps = [math.inf if b > 0 else 0 for b in plan.batch_sizes]
+        # Only a merged tail (at most P - 1 samples over B) can get here. A cap is memory:
+        # refuse now, at construction, rather than exceed it at the epoch's last step.
+        held = [None if math.isinf(c) else int(c) for c in caps]
+        raise ValueError(
+            f"the epoch's last step merges a short tail into a global batch of {size} "
+            f"samples, but the ranks' caps {held} hold only {int(sum(caps))}; pass "
+            "drop_last=True, or choose a global batch that divides the dataset or leaves a "
+            f"tail of at least {plan.world_size} samples"
+        )
     targets = [min(size * w, cap) for w, cap in zip(plan.weights, caps, strict=True)]
     return largest_remainder(targets, size, lower, caps, plan.batch_sizes)
 

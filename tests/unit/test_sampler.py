@@ -155,6 +155,16 @@ def test_merged_tail_keeps_caps_when_the_others_can_take_the_extra():
     assert [s.step_batch_sizes for s in samplers] == [(8,), (3,)]
 
 
+def test_a_merged_tail_the_caps_cannot_hold_is_refused_at_construction():
+    """Caps [5, 5] and 11 samples: the 1-sample tail would give a rank 6."""
+    plan = plan_batches([1.0, 1.0], 10, caps=[5, 5])
+    with pytest.raises(ValueError, match=r"caps \[5, 5\] hold only 10.*drop_last=True"):
+        BalancedBatchSampler(11, plan, 0)
+    dropped = BalancedBatchSampler(11, plan, 0, drop_last=True)
+    assert dropped.step_batch_sizes == (5,)
+    assert max(max(s.step_batch_sizes) for s in all_ranks(12, plan)) <= 5  # a 2-sample tail
+
+
 def zero_share_plan():
     # Rank 1's fixed cost (1 s) outlasts rank 0's whole step: the cost policy leaves it out.
     ranks = [ReplicaSpeed(100.0, alpha=0.01), ReplicaSpeed(10.0, alpha=1.0)]
