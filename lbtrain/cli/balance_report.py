@@ -104,6 +104,14 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
             lambda: comm.rank != 0 or check_writable(args.save_profiles, "--save-profiles"),
             name_rank=False,
         )
+    if args.profiles and args.reference_batch is not None:
+        # The file's samples/s were read off at the batch it records; a flag that would be
+        # silently ignored is refused instead.
+        raise CLIError(
+            f"--reference-batch {args.reference_batch} applies only when profiling now; with "
+            "--profiles the file's own reference batch is used: drop the flag, or re-profile "
+            "with `lbtrain profile --reference-batch N`"
+        )
     if args.profiles:
         profiles = load_profiles_collective(comm, args.profiles)
     else:

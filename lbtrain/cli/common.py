@@ -46,6 +46,8 @@ def check_writable(path: str, option: str) -> None:
         path: the file rank 0 will write.
         option: the flag that named it, for the message.
     """
+    if Path(path).expanduser().is_dir():
+        raise ValueError(f"{option} {path!r} is a folder; name a file inside it instead")
     folder = Path(path).expanduser().resolve().parent
     if not folder.is_dir():
         raise ValueError(

@@ -166,3 +166,19 @@ def test_min_batch_too_large_is_refused_before_profiling():
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--min-batch 600 on 1 ranks needs --global-batch >= 600" in result.stderr
     assert "profil" not in result.stdout.lower()  # no profiling output came first
+
+
+def test_profile_output_that_is_a_folder_is_refused_before_profiling(tmp_path):
+    result = _run([*lbtrain_command(), "profile", "--output", str(tmp_path)])
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"--output {str(tmp_path)!r} is a folder" in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == ""  # no profiling table
+    assert list(tmp_path.iterdir()) == []  # no temporary file left either
+
+
+def test_reference_batch_with_a_profiles_file_is_refused_not_ignored():
+    result = _run([*lbtrain_command(), "balance-report", "--profiles", str(FIXTURE),
+                   "--reference-batch", "32"])  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--reference-batch 32 applies only when profiling now" in result.stderr
+    assert result.stdout == ""
