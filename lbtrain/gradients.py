@@ -171,6 +171,7 @@ class GradientSync:
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, Real) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb={bucket_mb!r} must be a positive number of MiB")
         params = list(model.parameters() if isinstance(model, nn.Module) else model)
+        self.signature = _signature(params, float(bucket_mb))
         self.comm = comm
         self.overlap = bool(overlap)
         self.progress = bool(progress)
@@ -221,11 +222,8 @@ class GradientSync:
         `prescaled=True` says the loss was multiplied by `weight` before backward, so the
         gradients already carry it and the buckets are not scaled again.
         """
-        self._weight = check_weight(weight)
-        self._scale = not prescaled
-        self._check_idle()
+        self._start(weight, prescaled)
         self.zero_grad()
-        self._reset()
         self._owner = threading.get_ident()
         self._armed = self.overlap
 
@@ -251,10 +249,7 @@ class GradientSync:
 
     def sync(self, weight: float, *, prescaled: bool = False) -> None:
         """Weight and sum-allreduce the gradients backward left in `.grad` (no overlap)."""
-        self._weight = check_weight(weight)
-        self._scale = not prescaled
-        self._check_idle()
-        self._reset()
+        self._start(weight, prescaled)
         self.wait()
 
     def close(self) -> None:
@@ -264,14 +259,15 @@ class GradientSync:
         self._hooks = []
         self._armed = False
 
-    def _check_idle(self) -> None:
+    def _start(self, weight: float, prescaled: bool) -> None:
+        """A new step's weight, once the last step's allreduces have all completed."""
+        self._weight = check_weight(weight)
+        self._scale = not prescaled
         if any(b.request is not None and not b.request.test() for b in self.buckets):
             raise RuntimeError(
                 "a step started while the last one's allreduces were still in flight: call "
                 "wait() before the optimizer step and before the next begin()"
             )
-
-    def _reset(self) -> None:
         self._next = 0
         for bucket in self.buckets:
             bucket.ready.clear()
@@ -365,22 +361,17 @@ def sync_gradients(
         GradientSync(model, comm, bucket_mb=bucket_mb).sync(weight)
         return
     sync = _SYNCS.get(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if sync is None or sync.comm is not comm or not _same_layout(sync, params, bucket_mb):
+    if (
+        sync is None
+        or sync.comm is not comm
+        or sync.signature != _signature(model.parameters(), float(bucket_mb))
+    ):
         sync = _SYNCS[model] = GradientSync(model, comm, bucket_mb=bucket_mb)
     sync.sync(weight)
 
 
-def _same_layout(sync: GradientSync, params: list[nn.Parameter], bucket_mb: float) -> bool:
-    """Whether `sync` was built for these very parameters, as they are placed now."""
-    current = sync_layout(params, bucket_mb)
-    if len(current) != len(sync.buckets):
-        return False
-    return all(
-        len(group) == len(bucket.params)
-        and all(p is q for p, q in zip(group, bucket.params, strict=True))
-        and bucket.flat.device == group[0].device
-        and bucket.flat.dtype == group[0].dtype
-        and all(v.shape == p.shape for v, p in zip(bucket.views, group, strict=True))
-        for group, bucket in zip(current, sync.buckets, strict=True)
+def _signature(params: Iterable[nn.Parameter], bucket_mb: float) -> tuple:
+    """What a GradientSync's buckets depend on: the trainable parameters, as placed now."""
+    return bucket_mb, tuple(
+        (id(p), tuple(p.shape), p.dtype, p.device) for p in params if p.requires_grad
     )

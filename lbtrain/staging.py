@@ -70,10 +70,7 @@ class CudaHostStaging:
             self.copied.record(self.stream)
 
     def staged(self, *, block: bool) -> bool:
-        if block:
-            self.copied.synchronize()
-            return True
-        return self.copied.query()
+        return _reached(self.copied, block)
 
     def unstage(self) -> None:
         # Pinned source, compute stream: queued before the optimizer's kernels. The next
@@ -93,13 +90,18 @@ class CudaDirect:
         self.written.record(torch.cuda.current_stream(self.buffer.device))
 
     def staged(self, *, block: bool) -> bool:
-        if block:
-            self.written.synchronize()
-            return True
-        return self.written.query()
+        return _reached(self.written, block)
 
     def unstage(self) -> None:
         """MPI wrote the sum into the bucket itself."""
+
+
+def _reached(event: torch.cuda.Event, block: bool) -> bool:
+    """Whether the GPU has passed `event`; with `block`, wait until it has."""
+    if block:
+        event.synchronize()
+        return True
+    return event.query()
 
 
 def make_stager(flat: torch.Tensor, comm: Communicator, stage: bool | None) -> Stager | None:
