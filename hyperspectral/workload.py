@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lbtrain.trainer.checkpoint import atomic_write
+from lbtrain.outputs import atomic_write
 from lbtrain.workloads import (
     ArtifactContext,
     ConfusionEvaluator,
@@ -41,7 +41,7 @@ from lbtrain.workloads import (
     keep_batch,
 )
 
-from .datasets import SCENES, Scene, get_scene, load_scene
+from .datasets import SCENES, Scene, get_scene, load_scene, search_dirs
 from .maps import require_matplotlib, save_map
 from .metrics import format_table, metrics_from_confusion
 from .models import MODELS, build_model
@@ -56,9 +56,12 @@ from .options import (
 from .pipeline import DATASET_NAMES, missing_classes, prepare, split_scene
 from .splits import SPLIT_KINDS, Split, save_split
 
-__all__ = ["NAME", "build", "fetch", "plugin"]
+__all__ = ["ARTIFACTS", "NAME", "build", "fetch", "plugin"]
 
 NAME = "hyperspectral"
+
+# The files the artifacts hook writes into the run folder.
+ARTIFACTS = ("metrics.txt", "split.npz", "map.png")
 
 # Shape of the generated scene, for checks before it is made (get_scene's defaults).
 _SYNTHETIC_SHAPE = (48, 48, 32)
@@ -225,6 +228,13 @@ def _settle(options: Mapping[str, Any]) -> dict[str, Any]:
     """
     opts = _convert(plugin.resolve_options(options))
     spec = MODELS[opts["model"]]
+    if not spec.spatial and opts["patch_size"] not in (None, 1):
+        raise ValueError(
+            f"--patch-size {opts['patch_size']}: --model {opts['model']} reads only the centre "
+            "pixel's spectrum, so a larger patch would be ignored; leave --patch-size unset "
+            f"(1), or choose a model that reads patches: "
+            f"{', '.join(k for k, v in MODELS.items() if v.spatial)}"
+        )
     if opts["patch_size"] is None:
         opts["patch_size"] = spec.patch_size
     opts["pca"] = spec.pca if opts["pca"] is None else (opts["pca"] or None)
@@ -238,6 +248,14 @@ def _settle(options: Mapping[str, Any]) -> dict[str, Any]:
             f"--split-file {split_file}: no such file; pass the split.npz that an earlier run "
             "wrote into its output folder"
         )
+    if opts["dataset"] == "synthetic":
+        if opts["data_dir"] is not None:
+            raise ValueError(
+                f"--data-dir {opts['data_dir']!r} is not used by the synthetic scene, which "
+                "is generated; drop it, or choose a --dataset read from files"
+            )
+    else:
+        search_dirs(opts["data_dir"])  # a mistyped folder fails now, not by falling back
     _check_sizes(opts["dataset"], _published_shape(opts["dataset"]), opts)
     return opts
 
@@ -323,6 +341,7 @@ def build(seed: int = 0, **options: Any) -> Workload:
         predict_unit=w,
         collate_fn=keep_batch,
         artifacts=_artifacts_hook(scene, split, opts["map"]),
+        outputs=ARTIFACTS,
         signature={
             "dataset": scene.name,
             "model": model,

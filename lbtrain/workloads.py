@@ -81,6 +81,8 @@ class Workload:
             `__getitems__` that returns a whole batch passes `keep_batch`.
         artifacts: rank-0 hook called once after the final evaluation; returns the paths
             it wrote.
+        outputs: names of the files `artifacts` writes into the run folder, so that an
+            overwritten run's old ones are removed before the new run starts.
         signature: what identifies the trained model and data (dataset, model, sizes); a
             checkpoint whose signature differs is refused on resume.
         description: one line about the data, printed at the start of training.
@@ -102,6 +104,7 @@ class Workload:
     predict_unit: int = 1
     collate_fn: Callable[[Any], Any] | None = None
     artifacts: Callable[[ArtifactContext], list[Path]] | None = None
+    outputs: tuple[str, ...] = ()
     signature: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
 

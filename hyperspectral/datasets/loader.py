@@ -38,10 +38,23 @@ def default_cache_dir() -> Path:
 
 
 def search_dirs(data_dir: str | Path | None = None) -> list[Path]:
-    """Folders searched for scene files, in order (see the module docstring)."""
+    """Folders searched for scene files, in order (see the module docstring).
+
+    Raises:
+        DatasetError: ``data_dir`` (or ``$LBTRAIN_DATA``) is not a folder. A mistyped name
+            would otherwise fall back silently to another copy of the data.
+    """
     cache = default_cache_dir()
-    first = data_dir or os.environ.get("LBTRAIN_DATA") or cache
+    env = os.environ.get("LBTRAIN_DATA")
+    first = data_dir or env or cache
     dirs = [Path(first).expanduser()]
+    if first is not cache and not dirs[0].is_dir():
+        named = f"--data-dir {str(data_dir)!r}" if data_dir else f"LBTRAIN_DATA={env!r}"
+        found = "is a file" if dirs[0].exists() else "does not exist"
+        raise DatasetError(
+            f"{named} {found}; name the folder that holds the scene's .mat files, or leave it "
+            f"unset to use the cache {str(cache)!r} (then tensorly's copy, then a download)"
+        )
     if dirs[0] != cache:
         dirs.append(cache)
     return dirs

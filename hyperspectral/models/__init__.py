@@ -26,16 +26,22 @@ class ModelSpec:
         patch_size: default (reference) patch size.
         pca: reference number of PCA components, ``None`` for raw bands.
         description: one line for ``--help``.
+        spatial: whether the model reads the pixels around the centre; a model that does
+            not (``hu``) takes patch 1 only, since a larger one would change nothing but
+            the cost.
     """
 
     factory: Callable[..., nn.Module]
     patch_size: int
     pca: int | None
     description: str
+    spatial: bool = True
 
 
 MODELS: dict[str, ModelSpec] = {
-    "hu": ModelSpec(build_hu, 1, None, "1-D spectral CNN (Hu et al. 2015), centre pixel only"),
+    "hu": ModelSpec(
+        build_hu, 1, None, "1-D spectral CNN (Hu et al. 2015), centre pixel only", spatial=False
+    ),
     "hamida": ModelSpec(build_hamida, 5, None, "3-D CNN (Ben Hamida et al. 2018)"),
     "hybridsn": ModelSpec(build_hybridsn, 25, 30, "3-D + 2-D CNN (Roy et al. 2019)"),
 }

@@ -18,6 +18,7 @@ from lbtrain.cli.common import (
     positive_int,
     run_profiling,
     show_defaults,
+    write_on_root,
 )
 from lbtrain.comm import Communicator
 from lbtrain.profiling import build_report, format_report, plot_report, save_profiles
@@ -138,14 +139,17 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         )
     except CollectiveError as exc:
         raise CollectiveError(_flags(str(exc))) from None
+    if args.save_profiles and not args.profiles:
+        write_on_root(
+            comm, "--save-profiles", args.save_profiles,
+            lambda: save_profiles(args.save_profiles, profiles),
+        )  # fmt: skip
     if comm.rank == 0:
-        if args.save_profiles and not args.profiles:
-            save_profiles(args.save_profiles, profiles)
         print(format_report(report, args.format))
-        if args.plot:
-            path = plot_report(report, args.plot)
-            if args.format != "json":
-                print(f"\nplot written to {path}")
+    if args.plot:
+        path = write_on_root(comm, "--plot", args.plot, lambda: plot_report(report, args.plot))
+        if comm.rank == 0 and args.format != "json":
+            print(f"\nplot written to {path}")
     return 0
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from lbtrain.comm import Communicator
+from lbtrain.outputs import writing
 from lbtrain.profiling import ProfileConfig, ReplicaProfile
 from lbtrain.session import (
     USER_ERRORS,
@@ -32,7 +35,26 @@ __all__ = [
     "positive_int",
     "run_profiling",
     "show_defaults",
+    "write_on_root",
 ]
+
+T = TypeVar("T")
+
+
+def write_on_root(comm: Communicator, option: str, path: str, write: Callable[[], T]) -> T | None:
+    """`write()` on rank 0; an OS failure stops every rank with one line naming `option`.
+
+    Returns:
+        What `write` returned on rank 0, None on the other ranks.
+    """
+
+    def guarded() -> T | None:
+        if comm.rank != 0:
+            return None
+        with writing(option, path):
+            return write()
+
+    return agree(comm, guarded, name_rank=False)
 
 
 class CLIError(Exception):

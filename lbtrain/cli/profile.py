@@ -10,6 +10,7 @@ from lbtrain.cli.common import (
     check_writable,
     run_profiling,
     show_defaults,
+    write_on_root,
 )
 from lbtrain.comm import Communicator
 from lbtrain.profiling import ReplicaProfile, save_profiles
@@ -66,8 +67,10 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Profile all ranks and write the file on rank 0."""
     agree(comm, lambda: comm.rank != 0 or check_writable(args.output, "--output"), name_rank=False)
     profiles = run_profiling(args, comm)
+    path = write_on_root(
+        comm, "--output", args.output, lambda: save_profiles(args.output, profiles)
+    )
     if comm.rank == 0:
-        path = save_profiles(args.output, profiles)
         print(format_profiles(profiles))
         print(f"wrote {len(profiles)} profiles to {path}")
     return 0

@@ -48,7 +48,7 @@ to --out. Without a launcher it is a one-process run.
 """
 
 # Settings that only make sense for the run that wrote a checkpoint, not for its sequel.
-_NOT_INHERITED = ("out", "resume", "plan", "profiles")
+_NOT_INHERITED = ("out", "overwrite", "resume", "plan", "profiles")
 
 
 def workload_from_argv(argv: Sequence[str]) -> str:
@@ -112,6 +112,9 @@ def add_parser(
     _add(basics, "seed", "seed of the data split, the model's initialisation and the shuffling",
          type=int)  # fmt: skip
     _add(basics, "out", "output folder (default: a new runs/<date-time>)", metavar="DIR")
+    _add(basics, "overwrite", "write into a --out that is not empty: an earlier run's files "
+         "there are removed once the plan stands, other files are left (default: refuse a "
+         "folder that is not empty)", action="store_true")  # fmt: skip
     _add(basics, "resume", "continue from a checkpoint file or a run folder; its settings are the "
          "defaults, flags override them (default: start afresh)", metavar="PATH")  # fmt: skip
     _add(basics, "quiet", "print only the final summary (default: progress and report too)",
@@ -280,6 +283,7 @@ _FIELD_NAMES = sorted((f.name for f in dataclasses.fields(TrainConfig)), key=len
 
 def translate(message: str) -> str:
     """Turn the library's parameter names in an error message into flag names."""
+    message = message.replace("overwrite=True", "--overwrite")
     for name in _FIELD_NAMES:
         message = re.sub(rf"(?<![\w-]){name}=", _flag(name) + " ", message)
         message = re.sub(rf"(?<![\w-]){name} (?=['\"])", _flag(name) + " ", message)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lbtrain.balancer import ReplicaSpeed
+from lbtrain.outputs import atomic_write_text
 from lbtrain.profiling.validate import check_profile_fields
 
 __all__ = [
@@ -279,17 +279,8 @@ def save_profiles(path: str | os.PathLike[str], profiles: Sequence[ReplicaProfil
         The path written.
     """
     path = Path(path)
-    text = json.dumps(profiles_to_dict(profiles), indent=2) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_text(path, json.dumps(profiles_to_dict(profiles), indent=2) + "\n")
 
 
 def load_profiles(

@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lbtrain.outputs import atomic_write
+
 if TYPE_CHECKING:  # report.py imports this module; the type is only needed for hints
     from lbtrain.profiling.report import BalanceReport
 
@@ -76,6 +78,8 @@ def plot_report(report: BalanceReport, path: str | os.PathLike[str]) -> Path:
     figure.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    try:
+        # Through a temporary file of the same extension, as every output.
+        return atomic_write(path, lambda temporary: figure.savefig(temporary, dpi=120))
+    finally:
+        plt.close(figure)

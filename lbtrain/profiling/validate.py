@@ -122,8 +122,8 @@ def check_profile_fields(data: dict[str, Any]) -> None:
     sizes, times = data.get("batch_sizes"), data.get("step_times")
     if isinstance(sizes, list) and isinstance(times, list) and len(sizes) != len(times):
         raise ValueError(
-            f"field step_times has {len(times)} entries for {len(sizes)} batch sizes; "
-            "they must pair up"
+            f"field batch_sizes holds {len(sizes)} entries but step_times {len(times)}; "
+            "each batch size needs its step time"
         )
     alpha = data.get("alpha")
     if isinstance(alpha, int | float) and isinstance(times, list) and times:

@@ -1,9 +1,6 @@
-"""Checkpoints and run outputs, written atomically: a crash mid-write never leaves a torn file.
+"""Checkpoints, written atomically (:mod:`lbtrain.outputs`): a crash never leaves a torn file.
 
-Rank 0 writes every file to a temporary name in the same folder, fsyncs it, then renames it
-over the target: rename is atomic on POSIX file systems, so a reader sees the old file or
-the new one, never half of one. Checkpoints are named by the global step, so the newest is
-the one with the highest number.
+Checkpoints are named by the global step, so the newest is the one with the highest number.
 """
 
 from __future__ import annotations
@@ -11,18 +8,15 @@ from __future__ import annotations
 import io
 import os
 import re
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lbtrain.outputs import atomic_write_bytes
+
 __all__ = [
     "CHECKPOINT_DIR",
-    "atomic_write",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "checkpoint_name",
     "find_checkpoint",
     "list_checkpoints",
@@ -32,61 +26,6 @@ __all__ = [
 
 CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"^step-(\d+)\.pt$")
-
-
-def atomic_write(path: str | os.PathLike[str], write: Callable[[Path], Any]) -> Path:
-    """Have `write(temporary_path)` write the file, then fsync it and rename it to `path`.
-
-    The temporary file sits in the same folder and ends in the same suffix, so writers that
-    pick a format from the extension (numpy's savez, matplotlib's savefig) behave alike.
-    """
-    path = Path(path)
-    handle, name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}",
-                                    dir=path.parent)  # fmt: skip
-    os.close(handle)
-    temporary = Path(name)
-    try:
-        write(temporary)
-        with temporary.open("rb+") as file:
-            os.fsync(file.fileno())
-        # mkstemp makes the file private (0600); give it what open() would have given.
-        temporary.chmod(0o666 & ~_umask())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    _fsync_folder(path.parent)
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)  # the only way to read it is to set it
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write `data` to `path` through a temporary file, fsync and rename."""
-    return atomic_write(path, lambda temporary: temporary.write_bytes(data))
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """`atomic_write_bytes` for UTF-8 text."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _fsync_folder(folder: Path) -> None:
-    # The rename itself must reach the disk, or a power cut can bring back the old name.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def checkpoint_name(global_step: int) -> str:

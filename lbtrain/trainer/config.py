@@ -72,7 +72,10 @@ class TrainConfig:
         eval_batch: samples per forward pass when evaluating.
         checkpoint_every: write a checkpoint every this many epochs (0: only at the end).
         keep: checkpoints kept (the newest).
-        out: output folder (None: a fresh runs/<date-time>).
+        out: output folder (None: a fresh runs/<date-time>). A folder that is not empty
+            is refused unless `overwrite`.
+        overwrite: write into a non-empty `out`; an earlier run's files there are removed
+            once the plan stands (other files are left).
         resume: a checkpoint file or a run folder to continue.
         weighting: "share" (exact) or "uniform" (DDP's 1/P, to compare).
         overlap: "on" starts each gradient bucket's allreduce during backward, once its
@@ -108,6 +111,7 @@ class TrainConfig:
     checkpoint_every: int = 1
     keep: int = 2
     out: str | None = None
+    overwrite: bool = False
     resume: str | None = None
     weighting: str = "share"
     overlap: str = "on"
@@ -143,6 +147,14 @@ class TrainConfig:
             raise ValueError(
                 f"workload_options={self.workload_options!r} must be a table of option values"
             )
+        if self.out is not None and not (isinstance(self.out, str) and self.out.strip()):
+            raise ValueError(
+                f"out={self.out!r} is not a folder name; name one, or drop it for a "
+                "new runs/<date-time>"
+            )
+        for name in ("overwrite", "quiet"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         if self.profiles and self.plan:
             raise ValueError("profiles and plan are both given; a plan already fixes the batches")
         return self
@@ -182,7 +194,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 
 def save_toml(path: str | Path, config: TrainConfig) -> Path:
     """Write the effective config as TOML (atomically, as every output of a run)."""
-    from lbtrain.trainer.checkpoint import atomic_write_bytes
+    from lbtrain.outputs import atomic_write_bytes
 
     return atomic_write_bytes(path, tomli_w.dumps(config.to_dict()).encode())
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,13 @@ from torch import nn
 from lbtrain.comm import Communicator
 from lbtrain.data import balanced_loader
 from lbtrain.emulation import slowdown_schedule
+from lbtrain.outputs import atomic_write_text, writing
 from lbtrain.profiling import build_report, format_report
 from lbtrain.profiling.record import profiles_to_dict
 from lbtrain.session import agree, build_workload, root_value, setup_replica
 from lbtrain.trainer.checkpoint import (
     CHECKPOINT_DIR,
-    atomic_write_text,
     find_checkpoint,
-    list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
@@ -39,14 +37,12 @@ from lbtrain.trainer.loop import EpochRecord, FitResult, StopSignal, fit
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
 from lbtrain.trainer.planning import make_plan, plan_notes
 from lbtrain.trainer.progress import Progress
+from lbtrain.trainer.run_folder import prepare_out, start_run_folder
 from lbtrain.trainer.state import checkpoint_state, restore
 from lbtrain.trainer.summary import build_summary, format_summary, rank_totals
 from lbtrain.workloads import ArtifactContext, Workload
 
 __all__ = ["TrainResult", "train"]
-
-# Files a finished or interrupted run leaves; a folder holding any of them is a run folder.
-RUN_FILES = ("metrics.json", "summary.json", "config.toml", "plan.json", CHECKPOINT_DIR)
 
 
 @dataclass
@@ -76,7 +72,21 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
             print(text, flush=True)
 
     checkpoint = root_value(comm, lambda: _read_checkpoint(config.resume))
-    out = Path(root_value(comm, lambda: _prepare_out(config, checkpoint)))
+    folder, clear = root_value(comm, lambda: prepare_out(config, checkpoint))
+    out = Path(folder)
+    given = config.out or folder  # what the user named, for messages
+
+    def on_root(write: Callable[[], Any]) -> Any:
+        """`write()` on rank 0; a failure (disk full, ...) stops every rank with one line."""
+
+        def guarded() -> Any:
+            if comm.rank != 0:
+                return None
+            with writing("out", given):
+                return write()
+
+        return agree(comm, guarded, name_rank=False)
+
     replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown)
     slowdown_at = agree(comm, lambda: slowdown_schedule(
         config.emulate_change, replica.slowdown, comm.rank, comm.size))  # fmt: skip
@@ -130,14 +140,17 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
         position, history = restore(checkpoint, model, optimizer, scheduler, comm, device)
         evaluations = list(checkpoint.get("evaluations", []))
         say(f"resumed from {checkpoint['path']} at epoch {position[0] + 1}, step {position[1]}")
-    if comm.rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
+
+    def start_outputs() -> None:
+        start_run_folder(out, given, clear, workload.outputs)
         save_toml(out / "config.toml", config)
         atomic_write_text(out / "plan.json", plan.to_json() + "\n")
         if profiles is not None:
             atomic_write_text(
                 out / "profiles.json", json.dumps(profiles_to_dict(profiles), indent=2) + "\n"
             )
+
+    on_root(start_outputs)
 
     evaluator = workload.get_evaluator()
 
@@ -155,8 +168,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
             profiles, config, workload, devices, history, evaluations,
         )  # fmt: skip
         last["step"] = global_step
-        if comm.rank == 0:
-            last["path"] = save_checkpoint(out / CHECKPOINT_DIR, state, config.keep)
+        last["path"] = on_root(lambda: save_checkpoint(out / CHECKPOINT_DIR, state, config.keep))
         return last["path"]
 
     def after_epoch(record: EpochRecord, global_step: int) -> None:
@@ -219,7 +231,8 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
         metrics=_headline(metrics, evaluator.headline),
         wall_seconds=time.perf_counter() - started, profile_seconds=profile_seconds,
     )  # fmt: skip
-    if comm.rank == 0:
+
+    def finish_outputs() -> list[Path]:
         atomic_write_text(out / "plan.json", plan.to_json() + "\n")  # the plan in force now
         written = [out / "metrics.json", out / "summary.json"]
         atomic_write_text(written[0], json.dumps(metrics, indent=2) + "\n")
@@ -227,6 +240,10 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
         if workload.artifacts is not None:
             title = f"{workload.name}, {comm.size} rank(s), policy {plan.policy}"
             written += workload.artifacts(ArtifactContext(out, metrics, predictions, title))
+        return written
+
+    written = on_root(finish_outputs)
+    if comm.rank == 0:
         shown = [str(path) for path in written] + [str(final_path), str(out / "config.toml")]
         print(format_summary(summary, evaluator.headline, shown), flush=True)
     comm.barrier()
@@ -240,60 +257,6 @@ def _read_checkpoint(resume: str | None) -> dict[str, Any] | None:
     state = load_checkpoint(path)
     state["path"] = str(path)
     return state
-
-
-def _prepare_out(config: TrainConfig, checkpoint: dict[str, Any] | None) -> str:
-    """Decide, check and create the output folder on rank 0, before any expensive work."""
-    resumed_run = None
-    if checkpoint is not None:
-        folder = Path(checkpoint["path"]).resolve().parent
-        # A checkpoint kept outside a run's checkpoints/ folder starts a new run folder.
-        resumed_run = folder.parent if folder.name == CHECKPOINT_DIR else None
-    if config.out:
-        out = Path(config.out).expanduser()
-    elif resumed_run is not None:
-        out = resumed_run
-    else:
-        out = Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-        suffix = 1
-        while out.exists():  # two runs started within the same second
-            out = out.with_name(f"{out.name.split('.')[0]}.{suffix}")
-            suffix += 1
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out {str(out)!r} is a file, not a folder; name a folder")
-    if resumed_run is not None and out.resolve() == resumed_run:
-        newer = [
-            p.name
-            for p in list_checkpoints(out / CHECKPOINT_DIR)
-            if p.name > Path(checkpoint["path"]).name  # type: ignore[index]
-        ]
-        if newer:
-            raise ValueError(
-                f"resume {checkpoint['path']!r} is older than {', '.join(newer)} in the same "  # type: ignore[index]
-                "run; continuing there would mix two histories: set out=NEW_FOLDER, or "
-                "resume from the newest checkpoint"
-            )
-    held = [name for name in RUN_FILES if (out / name).exists()]
-    if held and (resumed_run is None or out.resolve() != resumed_run):
-        raise ValueError(
-            f"out {str(out)!r} already holds a run ({', '.join(held)}); choose a new folder, "
-            f"or continue that run with resume {str(out)!r}"
-        )
-    # Checked now, created only once the plan stands, so a run refused while it starts
-    # leaves no empty folder behind.
-    existing = out
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(
-            f"out {str(out)!r} cannot be written: {str(existing)!r} is a file; name a folder"
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(
-            f"out {str(out)!r} cannot be written ({str(existing)!r} is not writable); choose "
-            "a folder you can write to"
-        )
-    return str(out)
 
 
 def _check_trainable(

@@ -101,17 +101,17 @@ def test_profiles_of_another_world_size_are_refused(two_epochs, tmp_path, capsys
 
 
 def test_a_checkpoint_of_another_model_or_split_is_refused(tmp_path, capsys):
-    scene = ["--workload", "hyperspectral", "--dataset", "synthetic", "--patch-size", "3",
-             "--no-map", "--epochs", "1"]  # fmt: skip
+    scene = ["--workload", "hyperspectral", "--dataset", "synthetic", "--no-map",
+             "--epochs", "1"]  # fmt: skip
     out = tmp_path / "hs"
     code, _, err = _train(capsys, *scene, "--model", "hu", "--out", str(out))
     assert code == 0, err
     for change, needles in (
-        (["--model", "hamida"], ("model 'hu' (this run: 'hamida')",)),
-        (["--train-ratio", "0.3"], ("split_digest",)),
+        (["--model", "hamida", "--patch-size", "3"], ("model 'hu' (this run: 'hamida')",)),
+        (["--model", "hu", "--train-ratio", "0.3"], ("split_digest",)),
     ):
         code, _, err = _train(
-            capsys, *scene, "--model", "hu", "--resume", str(out), "--epochs", "2",
+            capsys, *scene, "--resume", str(out), "--epochs", "2",
             "--out", str(tmp_path / "next"), *change,
         )  # fmt: skip
         _one_error(code, err, "another model or data", *needles)

@@ -89,6 +89,17 @@ def test_a_bad_device_on_one_rank_only_stops_the_other_rank_too(tmp_path):
     _assert_one_line_error(result, "rank 1:", "cuda:7", "--devices")
 
 
+def test_an_output_that_cannot_be_written_is_one_line_naming_the_option(tmp_path):
+    # /proc takes no new files: refused up front, or (as root, for whom every folder looks
+    # writable) when rank 0 writes after profiling; one line and every rank stops either way.
+    target = "/proc/lbtrain-no-such-profiles.json"
+    result = run_mpi(
+        "lbtrain", 2, "profile", "-o", target, "--workload", "toy", "--threads", "1",
+        "--time-budget", "0.5", module=True, timeout=120,
+    )  # fmt: skip
+    _assert_one_line_error(result, f"--output '{target}'")
+
+
 @pytest.mark.parametrize("ranks", [2])
 def test_profile_file_from_another_world_size(ranks):
     result = run_mpi(

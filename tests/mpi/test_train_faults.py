@@ -343,6 +343,12 @@ def _bad_out(tmp_path: Path) -> str:
     return str(tmp_path / "file.txt" / "run")
 
 
+def _full_out(tmp_path: Path) -> str:
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine\n")
+    return str(tmp_path / "full")
+
+
 def _held_out(tmp_path: Path) -> str:
     (tmp_path / "held").mkdir()
     (tmp_path / "held" / "config.toml").write_text('workload = "hyperspectral"\n')
@@ -362,10 +368,16 @@ def _held_out(tmp_path: Path) -> str:
         (["--resume", "{tmp}/missing"], "does not exist"),
         (["--out", _bad_out], "cannot be written"),
         (["--out", _held_out], "already holds a run"),
+        (["--out", _full_out], "is not empty (it holds notes.txt)"),
+        # /proc takes no new folders, even from root.
+        (["--out", "/proc/lbtrain-no-such-run"], "--out '/proc/lbtrain-no-such-run' cannot"),
+        (["--dataset", "indian_pines", "--data-dir", "{tmp}/typo"], "typo' does not exist"),
+        (["--model", "hu", "--patch-size", "5"], "--model hu reads only the centre"),
     ],
     ids=[
         "batch-below-world", "model", "dataset", "even-patch", "patch-too-large",
         "train-ratio", "epochs-0", "missing-resume", "out-unwritable", "out-holds-run",
+        "out-not-empty", "out-uncreatable", "data-dir-typo", "hu-patch",
     ],
 )  # fmt: skip
 def test_a_bad_setting_under_mpiexec_is_one_error_line_and_exit_2(tmp_path, args, needle):

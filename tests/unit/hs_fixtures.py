@@ -14,7 +14,14 @@ import scipy.io
 
 from hyperspectral.datasets import SceneFile, SceneInfo
 
-__all__ = ["fake_info", "write_fake_scene", "serve_directory"]
+__all__ = ["empty_dir", "fake_info", "write_fake_scene", "serve_directory"]
+
+
+def empty_dir(parent: Path, name: str = "empty") -> Path:
+    """A new empty folder: a --data-dir that holds no scene files."""
+    folder = parent / name
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def fake_info(

@@ -21,7 +21,7 @@ from hyperspectral.datasets import matfile as matfile_mod
 from hyperspectral.datasets.download import git_blob_sha1, sha256_of
 from hyperspectral.splits import random_split
 
-from .hs_fixtures import fake_info, write_fake_scene
+from .hs_fixtures import empty_dir, fake_info, write_fake_scene
 
 # The shared data folder next to the repository (../shared/datasets), wherever it is checked out.
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
@@ -109,7 +109,7 @@ def test_corrupt_tensorly_copy_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(loader_mod, "tensorly_data_dir", lambda: tmp_path)
     monkeypatch.delenv("LBTRAIN_DATA", raising=False)
     with pytest.raises(DatasetError, match="tensorly's copy .*Indian_pines_gt.npy is corrupt"):
-        load_scene("IndianPines", tmp_path / "empty", download=False)
+        load_scene("IndianPines", empty_dir(tmp_path), download=False)
 
 
 def test_one_local_file_is_never_paired_with_the_tensorly_copy(tmp_path, monkeypatch):
@@ -149,9 +149,23 @@ def test_search_order_prefers_explicit_dir_then_env_then_cache(tmp_path, monkeyp
     cache = tmp_path / "xdg" / "lbtrain"
     monkeypatch.delenv("LBTRAIN_DATA", raising=False)
     assert search_dirs() == [cache]
+    for name in ("env", "arg"):
+        (tmp_path / name).mkdir()
     monkeypatch.setenv("LBTRAIN_DATA", str(tmp_path / "env"))
     assert search_dirs() == [tmp_path / "env", cache]
     assert search_dirs(tmp_path / "arg") == [tmp_path / "arg", cache]
+
+
+def test_a_mistyped_data_folder_is_refused_not_replaced_by_another_copy(tmp_path, monkeypatch):
+    monkeypatch.delenv("LBTRAIN_DATA", raising=False)
+    with pytest.raises(DatasetError, match="--data-dir .*nope' does not exist"):
+        search_dirs(tmp_path / "nope")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(DatasetError, match="--data-dir .*file' is a file"):
+        load_scene("IndianPines", tmp_path / "file", download=False)
+    monkeypatch.setenv("LBTRAIN_DATA", str(tmp_path / "typo"))
+    with pytest.raises(DatasetError, match="LBTRAIN_DATA=.*typo' does not exist"):
+        search_dirs()
 
 
 def test_fake_scene_round_trip(tmp_path):
@@ -164,7 +178,7 @@ def test_fake_scene_round_trip(tmp_path):
 
 def test_missing_file_says_where_it_looked_and_where_to_get_it(tmp_path):
     with pytest.raises(DatasetError) as err:
-        load_scene(fake_info(), tmp_path / "empty", download=False)
+        load_scene(fake_info(), empty_dir(tmp_path), download=False)
     msg = str(err.value)
     assert "fake_cube.mat" in msg and str(tmp_path / "empty") in msg
     assert "http://127.0.0.1:9/fake_cube.mat" in msg and "\n" not in msg

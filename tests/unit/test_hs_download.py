@@ -11,7 +11,7 @@ import pytest
 from hyperspectral.datasets import DatasetError, load_scene
 from hyperspectral.datasets.download import download_file, git_blob_sha1, sha256_of
 
-from .hs_fixtures import fake_info, serve_directory, write_fake_scene
+from .hs_fixtures import empty_dir, fake_info, serve_directory, write_fake_scene
 
 
 @pytest.fixture()
@@ -80,11 +80,11 @@ def test_load_scene_downloads_into_cache_then_reads_offline(served, tmp_path):
     info = fake_info(
         cube_sha=sha256_of(src / "fake_cube.mat"), gt_sha=sha256_of(src / "fake_gt.mat")
     )
-    scene = load_scene(info, tmp_path / "empty", mirror=url, progress=None)
+    scene = load_scene(info, empty_dir(tmp_path), mirror=url, progress=None)
     cache = tmp_path / "xdg" / "lbtrain"
     assert (cache / "fake_cube.mat").is_file() and (cache / "fake_gt.mat").is_file()
     # Once cached, no server is needed: point the mirror at a closed port.
-    again = load_scene(info, tmp_path / "empty", mirror="http://127.0.0.1:9/", progress=None)
+    again = load_scene(info, empty_dir(tmp_path), mirror="http://127.0.0.1:9/", progress=None)
     np.testing.assert_array_equal(scene.cube, again.cube)
 
 
@@ -92,7 +92,7 @@ def test_load_scene_with_wrong_checksum_fails_and_caches_nothing(served, tmp_pat
     _src, url = served
     info = fake_info(cube_sha="f" * 64)
     with pytest.raises(DatasetError, match="not found in .*checksum mismatch"):
-        load_scene(info, tmp_path / "empty", mirror=url, progress=None)
+        load_scene(info, empty_dir(tmp_path), mirror=url, progress=None)
     assert not (tmp_path / "xdg" / "lbtrain" / "fake_cube.mat").exists()
 
 
@@ -115,7 +115,7 @@ def test_load_scene_downloads_from_the_registered_address(served, tmp_path, monk
     src, url = served
     info = fake_info(base_url=url, cube_sha=sha256_of(src / "fake_cube.mat"))
     progress = io.StringIO()
-    scene = load_scene(info, tmp_path / "empty", progress=progress)
+    scene = load_scene(info, empty_dir(tmp_path), progress=progress)
     assert scene.cube.shape == (6, 5, 4)
     assert "downloading fake_cube.mat" in progress.getvalue()
     assert "downloading fake_gt.mat" in progress.getvalue()
@@ -126,4 +126,4 @@ def test_load_scene_downloads_from_the_registered_address(served, tmp_path, monk
         match=r"fake_cube.mat for scene Fake not found in .*"
         r"empty, .*lbtrain; download it from http",
     ):
-        load_scene(fake_info(name="Fake"), tmp_path / "empty", download=False)
+        load_scene(fake_info(name="Fake"), empty_dir(tmp_path), download=False)

@@ -113,6 +113,8 @@ def test_converters_take_strings_and_toml_values():
         ({"model": "hybridsn", "patch_size": 7}, ("--model hybridsn", "patch_size >= 9")),
         ({"split": "fixed"}, ("--split fixed", "--train-per-class")),
         ({"split_file": "/nonexistent/split.npz"}, ("--split-file", "no such file")),
+        # hu reads the centre pixel only: a larger patch would be silently ignored.
+        ({"model": "hu", "patch_size": 5}, ("--patch-size 5", "--model hu", "hamida")),
     ],
 )
 def test_bad_options_are_one_line_errors_naming_the_flag(options, needles):
@@ -242,7 +244,7 @@ def test_artifacts_without_map(tmp_path):
     assert work.predict_set is None  # nothing to predict the whole scene for
 
 
-def test_fetch_checks_options_then_loads_registry_scenes_and_skips_synthetic(monkeypatch):
+def test_fetch_checks_options_then_loads_registry_scenes_and_skips_synthetic(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(hs_workload, "load_scene", lambda *a, **k: calls.append((a, k)))
     plugin.fetch(**plugin.resolve_options({**FAST}))
@@ -251,8 +253,17 @@ def test_fetch_checks_options_then_loads_registry_scenes_and_skips_synthetic(mon
     with pytest.raises(ValueError, match="--patch-size 611"):
         plugin.fetch(**plugin.resolve_options({**FAST, "dataset": "pavia_u", "patch_size": 611}))
     assert calls == []
-    plugin.fetch(**plugin.resolve_options({**FAST, "dataset": "pavia_u", "data_dir": "/data"}))
-    assert calls == [(("PaviaU", "/data"), {"download": True})]
+    # A mistyped --data-dir is refused before anything is read, not replaced by the cache.
+    with pytest.raises(ValueError, match="--data-dir '.*typo' does not exist"):
+        plugin.fetch(
+            **plugin.resolve_options({**FAST, "dataset": "pavia_u", "data_dir": tmp_path / "typo"})
+        )
+    # The generated scene reads no files: a --data-dir there would be silently ignored.
+    with pytest.raises(ValueError, match="--data-dir .* is not used by the synthetic scene"):
+        plugin.fetch(**plugin.resolve_options({**FAST, "data_dir": str(tmp_path)}))
+    assert calls == []
+    plugin.fetch(**plugin.resolve_options({**FAST, "dataset": "pavia_u", "data_dir": tmp_path}))
+    assert calls == [(("PaviaU", str(tmp_path)), {"download": True})]
 
 
 def test_dataloader_with_getitems_and_keep_batch_equals_batch():

@@ -77,7 +77,7 @@ def test_any_value_in_any_field_loads_or_names_file_record_and_field(
         ({"threads": -2}, "threads=-2"),
         ({"slowdown": float("nan")}, "slowdown=nan must be finite"),
         ({"slowdown": 0.5}, "slowdown=0.5 must be >= 1.0"),
-        ({"step_times": [0.02]}, "step_times has 1 entries for 2 batch sizes"),
+        ({"step_times": [0.02]}, "batch_sizes holds 2 entries but step_times 1"),
         ({"started_at": "yesterday"}, "started_at='yesterday' must be an ISO 8601"),
         ({"cap": True}, "cap=True"),
     ],

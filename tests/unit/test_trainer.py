@@ -14,8 +14,8 @@ from torch.utils.data import TensorDataset
 
 from lbtrain import SingleProcessCommunicator, balanced_loader
 from lbtrain.cli.train import build_config, translate
+from lbtrain.outputs import atomic_write_text
 from lbtrain.trainer.checkpoint import (
-    atomic_write_text,
     find_checkpoint,
     list_checkpoints,
     load_checkpoint,

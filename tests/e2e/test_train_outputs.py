@@ -1,0 +1,155 @@
+"""Where `lbtrain train` (and `profile`) write: the folder named, never mixed with another run.
+
+In-process with the tiny workload of tests/fixtures/faulty.py (about a second a run), and the
+hyperspectral workload on its synthetic scene where its own files (split.npz, map.png) count.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from lbtrain import SingleProcessCommunicator
+from lbtrain.cli.main import main
+from lbtrain.trainer.config import load_toml
+
+BASE = [
+    "train", "--workload", "tests.fixtures.faulty:plugin", "--global-batch", "40",
+    "--threads", "1", "--time-budget", "0.5", "--quiet", "--epochs", "1",
+]  # fmt: skip
+SCENE = [
+    "train", "--workload", "hyperspectral", "--dataset", "synthetic", "--model", "hu",
+    "--global-batch", "64", "--threads", "1", "--time-budget", "0.5", "--quiet", "--epochs", "1",
+]  # fmt: skip
+
+
+def _run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args), comm=SingleProcessCommunicator())
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_error(code: int, err: str, *needles: str) -> str:
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_a_folder_that_is_not_empty_is_refused_before_any_work(tmp_path, capsys):
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    code, stdout, err = _run(capsys, *BASE, "--out", str(out))
+    _one_error(code, err, f"--out '{out}'", "notes.txt", "--overwrite")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"] and not stdout
+
+
+def test_overwrite_replaces_the_earlier_run_and_leaves_other_files(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = _run(capsys, *SCENE, "--out", str(out))
+    assert code == 0, err
+    assert (out / "map.png").is_file() and (out / "split.npz").is_file()
+    (out / "notes.txt").write_text("mine\n")
+    # As if the earlier run had gone further: a checkpoint this run will never write.
+    (out / "checkpoints" / "step-000000999.pt").write_bytes(b"old")
+
+    code, _, err = _run(capsys, *SCENE, "--out", str(out))
+    _one_error(code, err, "already holds a run", "--resume", "--overwrite")
+
+    # The new run draws no map: the old map.png must not stay beside its metrics.
+    code, _, err = _run(capsys, *SCENE, "--out", str(out), "--overwrite", "--no-map", "--seed", "1")
+    assert code == 0, err
+    assert not (out / "map.png").exists()
+    assert (out / "notes.txt").read_text() == "mine\n"
+    assert (out / "split.npz").is_file() and (out / "metrics.txt").is_file()
+    assert load_toml(out / "config.toml")["seed"] == 1
+    assert "step-000000999.pt" not in [p.name for p in (out / "checkpoints").iterdir()]
+
+
+def test_an_overwriting_run_that_fails_leaves_none_of_the_old_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = _run(capsys, *BASE, "--out", str(out))
+    assert code == 0, err
+    assert (out / "metrics.json").exists()
+    code, _, err = _run(
+        capsys, *BASE, "--out", str(out), "--overwrite", "--fault", "nan", "--fault-step", "2"
+    )
+    assert code == 1 and "loss" in err, err
+    # The old metrics are gone: nobody can take them for this run's.
+    assert not (out / "metrics.json").exists() and not (out / "summary.json").exists()
+    assert (out / "config.toml").exists()
+
+
+@pytest.mark.parametrize(
+    ("make", "needles"),
+    [
+        (lambda tmp: str(tmp / "f" / "run"), ("cannot be written", "a file, not a folder")),
+        (lambda tmp: str(tmp / ("x" * 300)), ("cannot be written", "shorter name")),
+        (lambda tmp: "", ("--out ''", "name one")),
+        (lambda tmp: str(tmp / "f"), ("is a file, not a folder",)),
+    ],
+    ids=["under-a-file", "name-too-long", "empty", "a-file"],
+)
+def test_an_out_that_cannot_be_a_folder_is_one_line_naming_it(tmp_path, capsys, make, needles):
+    (tmp_path / "f").write_text("")
+    given = make(tmp_path)
+    code, stdout, err = _run(capsys, *BASE, "--out", given)
+    _one_error(code, err, "--out", *needles)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"] and not stdout
+
+
+def test_a_read_only_out_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    if os.geteuid() == 0:  # root writes anywhere: have the check see what a user would
+        monkeypatch.setattr("lbtrain.trainer.run_folder.os.access", lambda *a, **k: False)
+    try:
+        code, _, err = _run(capsys, *BASE, "--out", str(folder))
+    finally:
+        folder.chmod(0o700)
+    _one_error(code, err, f"--out '{folder}'", "not writable")
+    assert not list(folder.iterdir())
+
+
+def _disk_full_for(stem: str, monkeypatch) -> None:
+    """Make every atomic write of a file whose name starts with `stem` fail: a full disk."""
+    import lbtrain.outputs as outputs
+
+    real = outputs.tempfile.mkstemp
+
+    def mkstemp(*args, **kwargs):
+        if kwargs.get("prefix", "").startswith(f".{stem}"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(outputs.tempfile, "mkstemp", mkstemp)
+
+
+@pytest.mark.parametrize(
+    ("stem", "written"),
+    [("metrics", "metrics.json"), ("config", "config.toml"), ("step-", "checkpoints/step-")],
+)
+def test_a_write_failing_mid_run_names_the_option_the_real_file_and_a_fix(
+    tmp_path, capsys, monkeypatch, stem, written
+):
+    out = tmp_path / "run"
+    _disk_full_for(stem, monkeypatch)
+    code, _, err = _run(capsys, *BASE, "--out", str(out))
+    line = _one_error(code, err, f"--out '{out}' cannot be written", "No space left on device")
+    assert f"{out}/{written}" in line and ".tmp" not in line and "free some space" in line, line
+
+
+def test_profile_output_failing_names_its_option(tmp_path, capsys, monkeypatch):
+    _disk_full_for("profiles", monkeypatch)
+    target = tmp_path / "profiles.json"
+    code, _, err = _run(
+        capsys, "profile", "--workload", "tests.fixtures.faulty:plugin", "--threads", "1",
+        "--time-budget", "0.5", "--output", str(target),
+    )  # fmt: skip
+    _one_error(code, err, f"--output '{target}' cannot be written", "No space left on device")
+    assert not target.exists()
