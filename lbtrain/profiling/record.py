@@ -13,7 +13,7 @@ from typing import Any
 
 from lbtrain.balancer import ReplicaSpeed
 from lbtrain.outputs import atomic_write_text
-from lbtrain.profiling.validate import check_profile_fields
+from lbtrain.profiling.validate import check_fit, check_profile_fields
 
 __all__ = [
     "FORMAT_NAME",
@@ -256,6 +256,7 @@ def profiles_from_dict(data: Any, source: str = "profiles") -> list[ReplicaProfi
     for index, entry in enumerate(entries):
         try:
             profiles.append(ReplicaProfile.from_dict(entry))
+            check_fit(entry)
         except ValueError as exc:
             message = f"{source}: profiles[{index}] is invalid: {exc}; {fix}"
             raise ProfileFileError(message) from None

@@ -12,11 +12,17 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-__all__ = ["check_profile_fields"]
+from lbtrain.profiling.fit import fit_step_time
+
+__all__ = ["check_fit", "check_profile_fields"]
 
 # Float noise allowed when comparing the fitted intercept with the measured steps (the fit
 # clamps alpha to the smallest median, so a genuine file meets it exactly).
 _ALPHA_SLACK = 1e-9
+# How far a file's line may stray from the fit of its own measurements. Profiling writes
+# the fit itself, so a genuine file meets it to rounding; the margin leaves room for files
+# of an older fit, and catches an edited alpha or beta.
+_FIT_TOLERANCE = 0.10
 
 
 def _whole(low: int) -> Callable[[Any], str | None]:
@@ -137,3 +143,25 @@ def check_profile_fields(data: dict[str, Any]) -> None:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_fit(data: dict[str, Any]) -> None:
+    """Raise ValueError unless alpha and beta are the fit of the record's own step times.
+
+    The plans use the line: `cost` through alpha and beta, `proportional` through the
+    throughput the line gives. A line that does not describe the measured steps (an edited
+    beta, say) would make the two policies disagree on nonsense. Call it on records read
+    from a file, after :func:`check_profile_fields`.
+    """
+    sizes, times = data["batch_sizes"], data["step_times"]
+    alpha, beta = data["alpha"], data["beta"]
+    fit = fit_step_time(sizes, times)
+    for b in sizes:
+        given, fitted = alpha + beta * b, fit.step_time(b)
+        if abs(given - fitted) > _FIT_TOLERANCE * fitted:
+            raise ValueError(
+                f"field beta={beta!r} with alpha={alpha!r} gives {given:.4g} s per step at "
+                f"batch {b}, but the fit of its batch_sizes and step_times gives {fitted:.4g} s; "
+                "the line must be the fit of the measured steps (was alpha, beta or a step "
+                "time edited?)"
+            )

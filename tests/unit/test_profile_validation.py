@@ -80,6 +80,15 @@ def test_any_value_in_any_field_loads_or_names_file_record_and_field(
         ({"step_times": [0.02]}, "batch_sizes holds 2 entries but step_times 1"),
         ({"started_at": "yesterday"}, "started_at='yesterday' must be an ISO 8601"),
         ({"cap": True}, "cap=True"),
+        # The throughput comes from the line: an edited beta makes rank 1 look 2.5x faster.
+        (
+            {"beta": 0.0001},
+            r"beta=0.0001 with alpha=0.01 gives 0.011 s .* batch 10, but the fit .* gives 0.02 s",
+        ),
+        (
+            {"step_times": [0.02, 0.09]},
+            r"beta=0.001 with alpha=0.01 gives 0.02 s .* the fit .* step_times gives 0.02412 s",
+        ),
     ],
 )
 def test_values_are_checked_against_their_range_and_each_other(tmp_path, changes, needle):

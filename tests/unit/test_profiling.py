@@ -342,7 +342,8 @@ def _profile(rank: int = 0, **changes) -> ReplicaProfile:
 def test_profile_json_round_trip(tmp_path):
     profile = _profile(reference_batch=40)
     assert ReplicaProfile.from_json(profile.to_json()) == profile
-    profiles = [_profile(0), _profile(1, alpha=0.0, cap=None, r_squared=None)]
+    changes = dict(alpha=0.0, step_times=(0.01, 0.02), cap=None, r_squared=None)
+    profiles = [_profile(0), _profile(1, **changes)]
     path = save_profiles(tmp_path / "sub" / "p.json", profiles)
     assert load_profiles(path) == profiles
     assert load_profiles(path, world_size=2) == profiles
