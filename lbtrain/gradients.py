@@ -171,6 +171,11 @@ class GradientSync:
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, Real) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb={bucket_mb!r} must be a positive number of MiB")
         params = list(model.parameters() if isinstance(model, nn.Module) else model)
+        if not all(isinstance(p, torch.Tensor) for p in params):
+            raise TypeError(
+                f"model={model!r:.60} is not a module or its parameters: pass an nn.Module or "
+                "model.parameters()"
+            )
         self.signature = _signature(params, float(bucket_mb))
         self.comm = comm
         self.overlap = bool(overlap)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from numbers import Integral, Real
+from numbers import Real
 from typing import Any, Protocol, runtime_checkable
+
+from lbtrain.balancer.checks import real, whole
 
 __all__ = ["ReplicaSpeed", "SupportsReplicaSpeed", "as_replica_speed"]
 
@@ -27,13 +29,13 @@ class ReplicaSpeed:
     cap: int | None = None
 
     def __post_init__(self) -> None:
-        # numpy scalars become Python numbers, so plans stay JSON-serialisable.
+        # A wrong type is a TypeError naming the field; numpy scalars become Python numbers,
+        # so plans stay JSON-serialisable.
         for name in ("throughput", "alpha", "beta"):
-            value = getattr(self, name)
-            if isinstance(value, Real) and not isinstance(value, bool | float):
-                object.__setattr__(self, name, float(value))
-        if isinstance(self.cap, Integral) and not isinstance(self.cap, bool | int):
-            object.__setattr__(self, "cap", int(self.cap))
+            if name != "beta" or self.beta is not None:  # beta None: 1 / throughput
+                object.__setattr__(self, name, real(name, getattr(self, name)))
+        if self.cap is not None:
+            object.__setattr__(self, "cap", whole("cap", self.cap))
         if not _is_positive_finite(self.throughput):
             raise ValueError(
                 f"throughput={self.throughput!r} is invalid: it must be a finite number of "

@@ -99,11 +99,17 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     if args.plot:
         agree(comm, lambda: comm.rank != 0 or require_matplotlib(), name_rank=False)
         agree(comm, lambda: comm.rank != 0 or check_plot_path(args.plot), name_rank=False)
-    if args.save_profiles and not args.profiles:
+    if args.save_profiles:
         agree(
             comm,
             lambda: comm.rank != 0 or check_writable(args.save_profiles, "--save-profiles"),
             name_rank=False,
+        )
+    if args.profiles and args.save_profiles:
+        # Nothing is measured to save: a flag that would be silently ignored is refused.
+        raise CLIError(
+            f"--save-profiles {args.save_profiles!r} saves profiles measured now; with "
+            f"--profiles they are already in {args.profiles!r}: drop --save-profiles"
         )
     if args.profiles and args.reference_batch is not None:
         # The file's samples/s were read off at the batch it records; a flag that would be
@@ -139,7 +145,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         )
     except CollectiveError as exc:
         raise CollectiveError(_flags(str(exc))) from None
-    if args.save_profiles and not args.profiles:
+    if args.save_profiles:
         write_on_root(
             comm, "--save-profiles", args.save_profiles,
             lambda: save_profiles(args.save_profiles, profiles),

@@ -68,10 +68,18 @@ def check_writable(path: str, option: str) -> None:
         path: the file rank 0 will write.
         option: the flag that named it, for the message.
     """
-    if Path(path).expanduser().is_dir():
-        raise ValueError(f"{option} {path!r} is a folder; name a file inside it instead")
-    folder = Path(path).expanduser().resolve().parent
-    if not folder.is_dir():
+    if not path.strip():
+        raise ValueError(f"{option} {path!r} is empty; name a file")
+    with writing(option, path):  # a name too long, a loop of links: one line naming it
+        if Path(path).expanduser().is_dir():
+            raise ValueError(f"{option} {path!r} is a folder; name a file inside it instead")
+        folder = Path(path).expanduser().resolve().parent
+        found = folder.exists()
+    if found and not folder.is_dir():
+        raise ValueError(
+            f"{option} {path!r}: {str(folder)!r} is a file, not a folder; name a file in a folder"
+        )
+    if not found:
         raise ValueError(
             f"{option} {path!r}: folder {str(folder)!r} does not exist; create it first"
         )
@@ -92,7 +100,9 @@ def check_plot_path(path: str, option: str = "--plot") -> None:
     would otherwise fail (or land somewhere else) only after the report is computed.
     """
     target = Path(path).expanduser()
-    if target.is_dir():
+    with writing(option, path):
+        folder = target.is_dir()
+    if folder:
         raise ValueError(
             f"{option} {path!r} is a folder; name an image file in it, e.g. "
             f"{str(target / 'report.png')!r}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from lbtrain.cli.launcher import launcher_rank
+
 __all__ = ["main"]
 
 
@@ -24,5 +26,7 @@ def main() -> int:
     except KeyboardInterrupt:
         # Importing torch takes seconds, and parsing happens before any run: a Ctrl-C there
         # would otherwise be a long traceback. (A run catches its own, and stops every rank.)
-        print("lbtrain: interrupted", file=sys.stderr, flush=True)
+        # Under mpiexec every rank gets it; the first says it.
+        if launcher_rank() == 0:
+            print("lbtrain: interrupted", file=sys.stderr, flush=True)
         return 130

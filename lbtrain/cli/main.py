@@ -15,28 +15,13 @@ from typing import TextIO
 import lbtrain
 from lbtrain.cli import balance_report, env, profile, train
 from lbtrain.cli.common import USER_ERRORS, CLIError, CollectiveError
+from lbtrain.cli.launcher import launcher_rank
 from lbtrain.comm import Communicator, world_communicator
 from lbtrain.trainer.loop import TrainingDiverged
 
 __all__ = ["build_parser", "main"]
 
 VERBS = (train, profile, balance_report, env)
-
-# Rank variables of MPICH/Hydra and Intel MPI, Open MPI, PMIx and Slurm.
-_LAUNCHER_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
-
-
-def _launcher_rank() -> int:
-    """This process's rank as the launcher announced it, 0 when there is none.
-
-    Read before any communicator exists, so that a command-line mistake is reported once
-    under mpiexec, not once per rank; every rank still exits with argparse's status 2.
-    """
-    for name in _LAUNCHER_RANK_VARIABLES:
-        value = os.environ.get(name)
-        if value is not None and value.strip().isdigit():
-            return int(value)
-    return 0
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
@@ -100,7 +85,7 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
-    if _launcher_rank() != 0:
+    if launcher_rank() != 0:
         with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
             args = parser.parse_args(argv)
     else:
@@ -137,7 +122,12 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         return 2
     except KeyboardInterrupt:
         # Ctrl-C outside training steps (profiling, evaluation): no traceback, status 130.
-        print("lbtrain: interrupted", file=sys.stderr, flush=True)
+        if comm.rank != 0:
+            # Ctrl-C in a terminal reaches every rank: rank 0 says it once and ends the job,
+            # which ends this rank during the pause. A rank interrupted alone says so after.
+            time.sleep(_ALONE_AFTER)
+        where = f" (rank {comm.rank})" if comm.rank else ""
+        print(f"lbtrain: interrupted{where}", file=sys.stderr, flush=True)
         _abort(comm, 130)  # ranks not interrupted would wait in their next collective call
         return 130
     except (CLIError, *USER_ERRORS) as exc:
@@ -164,6 +154,11 @@ def _silence_stdout() -> None:
 # mpiexec may drop an aborting rank's last output when the abort overtakes the pipe (seen in
 # about 1 run in 100); a short pause after flushing lets the message reach the user.
 _ABORT_GRACE = 0.5
+
+
+# How long a rank other than 0 waits after a Ctrl-C for rank 0 to end the job; longer than a
+# profiling step, after which rank 0 first sees the interrupt.
+_ALONE_AFTER = 5.0
 
 
 def _abort(comm: Communicator, code: int) -> None:

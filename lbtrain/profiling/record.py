@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lbtrain.balancer import ReplicaSpeed
+from lbtrain.balancer.checks import whole
 from lbtrain.outputs import atomic_write_text
 from lbtrain.profiling.validate import check_fit, check_profile_fields
 
@@ -299,6 +300,10 @@ def load_profiles(
     Raises:
         ProfileFileError: one-line message naming the file and the fix.
     """
+    if world_size is not None:
+        whole("world_size", world_size, low=1)
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"path={path!r} is not a file name: pass a str or a Path")
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")

@@ -281,6 +281,14 @@ def _check_trainable(
             f"the training set has {len(workload.train_set)} samples, fewer than the "  # type: ignore[arg-type]
             f"{world_size} ranks; use more training data or fewer ranks"
         )
+    samples = len(workload.train_set)  # type: ignore[arg-type]
+    if config.global_batch > samples:
+        # Every step would hold the whole set, short of the batch the plan and the profiling
+        # are sized for (and a huge batch would be allocated to time it).
+        raise ValueError(
+            f"global_batch={config.global_batch} is more than the {samples} training samples; "
+            f"use at most {samples} (an epoch is then one step)"
+        )
     if len(workload.eval_set) == 0:  # type: ignore[arg-type]
         raise ValueError("the evaluation set is empty; the workload's split left no test data")
     if checkpoint is not None:

@@ -79,6 +79,7 @@ def make_plan(
         return plan, None
     if config.profiles:
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
+        agree(comm, lambda: _check_profiled(profiles, workload.name, config.profiles))
     else:
         reference = max(1, config.global_batch // comm.size)
         profile_config = agree(
@@ -181,3 +182,14 @@ def plan_notes(plan: BalancePlan) -> list[str]:
     """What the user should know about a plan: idle ranks, and launches predicted faster."""
     notes = (idle_ranks_note(plan), min_batch_note(plan), subset_note(plan))
     return [note for note in notes if note]
+
+
+def _check_profiled(profiles: list[ReplicaProfile], name: str, path: str) -> None:
+    """Refuse profiles of another workload: their speeds say nothing about this model's."""
+    other = sorted({p.workload for p in profiles if p.workload != name})
+    if other:
+        raise ValueError(
+            f"profiles {path!r} were measured on workload {', '.join(map(repr, other))}, but "
+            f"this run trains {name!r}; drop profiles to profile it now, or pass a file from "
+            f"`lbtrain profile --workload {name}`"
+        )

@@ -100,6 +100,30 @@ def test_profiles_of_another_world_size_are_refused(two_epochs, tmp_path, capsys
     assert code == 0, err
 
 
+def test_profiles_of_another_workload_are_refused(two_epochs, tmp_path, capsys):
+    profiles = json.loads((two_epochs / "profiles.json").read_text())
+    profiles["profiles"][0]["workload"] = "patch-cnn"
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(profiles))
+    code, _, err = _train(capsys, "--profiles", str(path), "--out", str(tmp_path / "p"))
+    _one_error(code, err, f"--profiles '{path}'", "'patch-cnn'", "'faulty'")
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_global_batch_above_the_training_set_is_refused_before_profiling(
+    tmp_path, capsys, monkeypatch
+):
+    import lbtrain.session as session
+
+    def must_not_profile(*args, **kwargs):
+        raise AssertionError("profiled a batch larger than the training set")
+
+    monkeypatch.setattr(session, "profile_all", must_not_profile)
+    for batch in ("201", str(10**30)):  # the task has 200 training samples
+        code, _, err = _train(capsys, "--global-batch", batch, "--out", str(tmp_path / "p"))
+        _one_error(code, err, f"--global-batch {batch}", "200 training samples", "at most 200")
+
+
 def test_a_checkpoint_of_another_model_or_split_is_refused(tmp_path, capsys):
     scene = ["--workload", "hyperspectral", "--dataset", "synthetic", "--no-map",
              "--epochs", "1"]  # fmt: skip
@@ -124,6 +148,7 @@ def test_a_share_outside_the_profiled_batches_is_timed_there_before_training(
     profiles = json.loads((two_epochs / "profiles.json").read_text())
     (entry,) = profiles["profiles"]
     entry["batch_sizes"], entry["step_times"] = [2, 4], [1e-3, 2e-3]
+    entry["alpha"], entry["beta"] = 0.0, 5e-4  # the fit of those two steps
     path = tmp_path / "short.json"
     path.write_text(json.dumps(profiles))
     out = tmp_path / "r"

@@ -53,15 +53,22 @@ def _faulty(*args: str) -> list[str]:
 
 
 class Job:
-    """`mpiexec -n ranks lbtrain train args` started in a new session, output to files."""
+    """`mpiexec -n ranks lbtrain VERB args` started in a new session, output to files."""
 
-    def __init__(self, folder: Path, ranks: int, args: list[str], pid_dir: Path | None = None):
+    def __init__(
+        self,
+        folder: Path,
+        ranks: int,
+        args: list[str],
+        pid_dir: Path | None = None,
+        verb: str = "train",
+    ):
         self.pid_dir = pid_dir
         folder.mkdir(parents=True, exist_ok=True)
         self.stdout_path = folder / f"stdout-{time.monotonic_ns()}.txt"
         self.stderr_path = self.stdout_path.with_name("stderr" + self.stdout_path.name[6:])
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        command = [mpiexec_path(), "-n", str(ranks), *lbtrain_command(), "train", *args]
+        command = [mpiexec_path(), "-n", str(ranks), *lbtrain_command(), verb, *args]
         with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
             self.process = subprocess.Popen(
                 command, stdout=out, stderr=err, env=env, cwd=folder, start_new_session=True
@@ -332,6 +339,24 @@ def test_sigint_to_the_launcher_stops_every_rank_with_a_checkpoint_and_exit_130(
     assert "stopped by a signal" in job.stdout
     assert load_checkpoint(saved[-1])["global_step"] < 50
     assert "Traceback" not in job.stderr, job.output()
+
+
+@pytest.mark.parametrize("after", [1.0, 6.0], ids=["starting", "profiling"])
+def test_ctrl_c_outside_training_is_one_line_for_the_whole_job_and_exit_130(tmp_path, after):
+    # Every rank gets the SIGINT (Hydra forwards it): while they start up (importing torch)
+    # or while they profile, the job prints one line, not one per rank, and no traceback.
+    job = Job(
+        tmp_path, 2,
+        ["--workload", "toy", "--threads", "1", "--time-budget", "60", "-o",
+         str(tmp_path / "p.json")],
+        verb="profile",
+    )  # fmt: skip
+    time.sleep(after)  # where the interrupt lands; the outcome must not depend on it
+    os.killpg(job.process.pid, signal.SIGINT)
+    code = job.finish(timeout=60)
+    assert code == 130, job.output()
+    assert job.stderr.count("lbtrain: interrupted") == 1, job.output()
+    assert "Traceback" not in job.stderr and not (tmp_path / "p.json").exists(), job.output()
 
 
 # ---------------------------------------------------------------------------------------

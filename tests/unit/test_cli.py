@@ -174,6 +174,11 @@ def test_bad_profiling_options_fail_before_profiling(argv, needles, capsys, tmp_
         (["profile", "-o", "{missing}/p.json"], ("--output", "does not exist")),
         (["balance-report", "--save-profiles", "{missing}/p.json"], ("--save-profiles",)),
         (["balance-report", "--plot", "{missing}/r.png"], ("--plot", "does not exist")),
+        (["profile", "-o", ""], ("--output ''", "is empty")),
+        (["profile", "-o", "{long}.json"], ("--output", "File name too long", "shorter name")),
+        (["balance-report", "--plot", "{long}.png"], ("--plot", "shorter name")),
+        (["balance-report", "--save-profiles", "{long}.json"], ("--save-profiles", "shorter")),
+        (["profile", "-o", "{file}/p.json"], ("--output", "is a file, not a folder")),
     ],
 )
 def test_unwritable_outputs_fail_before_profiling(argv, needles, capsys, monkeypatch, tmp_path):
@@ -184,8 +189,19 @@ def test_unwritable_outputs_fail_before_profiling(argv, needles, capsys, monkeyp
 
     monkeypatch.setattr(session, "profile_all", must_not_profile)
     missing = tmp_path / "no-such-folder"
-    code, _, err = run([arg.format(missing=missing) for arg in argv], capsys)
+    (tmp_path / "file").write_text("")
+    names = {"missing": missing, "long": tmp_path / ("x" * 300), "file": tmp_path / "file"}
+    code, _, err = run([arg.format(**names) for arg in argv], capsys)
     _one_line_error(code, err, *needles)
+
+
+def test_save_profiles_beside_profiles_is_refused_not_ignored(capsys, tmp_path):
+    saved = tmp_path / "again.json"
+    code, out, err = run(
+        ["balance-report", "--profiles", str(FIXTURE), "--save-profiles", str(saved)], capsys
+    )
+    _one_line_error(code, err, "--save-profiles", "drop --save-profiles")
+    assert not saved.exists() and not out
 
 
 def test_cuda_index_beyond_two_gpus(capsys, monkeypatch, tmp_path):

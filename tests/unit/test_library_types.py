@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from lbtrain import balanced_loader, plan_batches
+from lbtrain import SingleProcessCommunicator, balanced_loader, plan_batches, sync_gradients
 from lbtrain.balancer import BalancePlan, ReplicaSpeed
 from lbtrain.data import BalancedBatchSampler
+from lbtrain.profiling import load_profiles
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "profiles_3ranks.json"
 
 
 def dataset(n: int = 40) -> TensorDataset:
@@ -51,6 +55,13 @@ def test_numpy_scalars_work_as_batch_sizes_ranks_caps_and_speeds():
             lambda: balanced_loader([1.0, 2.0], dataset(), global_batch_size=8, rank=0, seed="1"),
             "seed",
         ),  # fmt: skip
+        (lambda: ReplicaSpeed("10"), "throughput"),
+        (lambda: ReplicaSpeed(10.0, alpha=None), "alpha"),
+        (lambda: ReplicaSpeed(10.0, cap=True), "cap"),
+        (lambda: ReplicaSpeed(10.0, cap=2.5), "cap"),
+        (lambda: sync_gradients("model", 1.0, SingleProcessCommunicator()), "model"),
+        (lambda: load_profiles(FIXTURE, world_size=True), "world_size"),
+        (lambda: load_profiles(None), "path"),
     ],
 )
 def test_wrong_types_raise_a_type_error_naming_the_parameter(call, name):
