@@ -41,10 +41,11 @@ from lbtrain.workloads import (
     keep_batch,
 )
 
-from .datasets import SCENES, Scene, get_scene, load_scene, search_dirs
+from .checks import check_sizes, check_split, new_model, published_shape
+from .datasets import Scene, get_scene, load_scene, search_dirs
 from .maps import require_matplotlib, save_map
 from .metrics import format_table, metrics_from_confusion
-from .models import MODELS, build_model
+from .models import MODELS
 from .options import (
     parse_bool,
     parse_choice,
@@ -53,7 +54,7 @@ from .options import (
     parse_int,
     parse_path,
 )
-from .pipeline import DATASET_NAMES, missing_classes, prepare, split_scene
+from .pipeline import DATASET_NAMES, prepare, split_scene
 from .splits import SPLIT_KINDS, Split, save_split
 
 __all__ = ["ARTIFACTS", "NAME", "build", "fetch", "plugin"]
@@ -62,9 +63,6 @@ NAME = "hyperspectral"
 
 # The files the artifacts hook writes into the run folder.
 ARTIFACTS = ("metrics.txt", "split.npz", "map.png")
-
-# Shape of the generated scene, for checks before it is made (get_scene's defaults).
-_SYNTHETIC_SHAPE = (48, 48, 32)
 
 
 _MODELS_HELP = "; ".join(
@@ -159,64 +157,6 @@ def _convert(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------
-# Checks that need the scene's size (known from the registry before loading it).
-
-
-def _check_sizes(scene: str, shape: tuple[int, ...], opts: Mapping[str, Any]) -> None:
-    """Patch, PCA and model against a scene of `shape` (H, W, bands); `opts` as `_settle`'s."""
-    model, patch_size, pca, dropout = (opts[k] for k in ("model", "patch_size", "pca", "dropout"))
-    h, w, bands = shape
-    limit = min(h, w)
-    if patch_size > limit:
-        largest = limit if limit % 2 else limit - 1
-        raise ValueError(
-            f"--patch-size {patch_size} is larger than the {scene} scene ({h}x{w} pixels); "
-            f"use an odd size up to {largest}"
-        )
-    if pca is not None and pca > bands:
-        raise ValueError(
-            f"--pca {pca} is more than the {bands} bands of {scene}; use 1..{bands}, "
-            "or 0 to keep the bands"
-        )
-    channels = pca or bands
-    # A throwaway model on one zero patch: a patch too small or too few channels for the
-    # model fails here, before the scene is read. fork_rng: the caller's torch generator is
-    # left as it was. (The meta device would skip the weights, but its first convolution
-    # imports torch's meta kernels, which costs more than this.)
-    try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            net = _new_model(model, channels, 2, patch_size, dropout).eval()
-            net(torch.zeros(1, channels, patch_size, patch_size))
-    except (ValueError, RuntimeError) as exc:
-        message = " ".join(str(exc).split())
-        raise ValueError(
-            f"--model {model} cannot take {channels}-channel patches of {patch_size}x"
-            f"{patch_size} ({message}); change --patch-size or --pca, or choose another --model"
-        ) from None
-
-
-def _new_model(model: str, bands: int, classes: int, patch_size: int, dropout: float) -> nn.Module:
-    return build_model(
-        model, bands=bands, num_classes=classes, patch_size=patch_size, dropout=dropout
-    )
-
-
-def _check_split(split: Split, scene_gt: np.ndarray, names: tuple[str, ...], origin: str) -> None:
-    no_train, no_test = missing_classes(split, scene_gt)
-    if not (no_train or no_test):
-        return
-    parts = []
-    for what, classes in (("training", no_train), ("test", no_test)):
-        if classes:
-            listed = ", ".join(f"{c} ({names[c - 1]})" for c in classes)
-            parts.append(f"no {what} pixels for class{'es' if len(classes) > 1 else ''} {listed}")
-    raise ValueError(
-        f"{origin} leaves {'; '.join(parts)}; use another --train-ratio or --train-per-class, "
-        "--split random, or (disjoint) a smaller --patch-size"
-    )
-
-
-# ---------------------------------------------------------------------------------------
 # The plug-in's two steps.
 
 
@@ -256,12 +196,8 @@ def _settle(options: Mapping[str, Any]) -> dict[str, Any]:
             )
     else:
         search_dirs(opts["data_dir"])  # a mistyped folder fails now, not by falling back
-    _check_sizes(opts["dataset"], _published_shape(opts["dataset"]), opts)
+    check_sizes(opts["dataset"], published_shape(opts["dataset"]), opts)
     return opts
-
-
-def _published_shape(name: str) -> tuple[int, int, int]:
-    return _SYNTHETIC_SHAPE if name == "synthetic" else SCENES[name].shape
 
 
 def fetch(**options: Any) -> None:
@@ -292,9 +228,9 @@ def build(seed: int = 0, **options: Any) -> Workload:
     # The synthetic scene is the same whatever the seed, so a saved split fits every run.
     scene = get_scene(opts["dataset"], opts["data_dir"], download=opts["download"])
     h, w = scene.shape
-    if (h, w, scene.bands) != _published_shape(opts["dataset"]):
+    if (h, w, scene.bands) != published_shape(opts["dataset"]):
         # The file read is not the published scene: check it too.
-        _check_sizes(scene.name, (h, w, scene.bands), opts)
+        check_sizes(scene.name, (h, w, scene.bands), opts)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         split = split_scene(
@@ -308,7 +244,7 @@ def build(seed: int = 0, **options: Any) -> Workload:
         )
     origin = f"--split-file {split_file}" if split_file else f"the {opts['split']} split"
     # A class left without pixels is one error line, not a warning per class and then it.
-    _check_split(split, scene.gt, scene.class_names, origin)
+    check_split(split, scene.gt, scene.class_names, origin)
     for caught_warning in caught:
         warnings.warn(caught_warning.message, stacklevel=2)
     if pca is not None and pca > split.train.size:
@@ -321,7 +257,7 @@ def build(seed: int = 0, **options: Any) -> Workload:
 
     def build_model_fn() -> nn.Module:
         # No seeding here: the trainer seeds torch, builds, and broadcasts rank 0's weights.
-        return _new_model(model, channels, classes, patch, dropout)
+        return new_model(model, channels, classes, patch, dropout)
 
     return Workload(
         name=NAME,

@@ -1,0 +1,94 @@
+"""Checks of the hyperspectral options against a scene, before any training; no lbtrain import.
+
+The sizes are checked against the published scene shape (known from the registry) before
+the scene is read or downloaded, and again against the file actually read when it differs.
+The split can only be checked once it is made, which is still before any profiling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .datasets import SCENES
+from .models import build_model
+from .pipeline import missing_classes
+from .splits import Split
+
+__all__ = ["check_sizes", "check_split", "new_model", "published_shape"]
+
+# Shape of the generated scene, for checks before it is made (get_scene's defaults).
+_SYNTHETIC_SHAPE = (48, 48, 32)
+
+
+def published_shape(name: str) -> tuple[int, int, int]:
+    """(H, W, bands) of scene `name` as published (or as generated, for "synthetic")."""
+    return _SYNTHETIC_SHAPE if name == "synthetic" else SCENES[name].shape
+
+
+def check_sizes(scene: str, shape: tuple[int, ...], opts: Mapping[str, Any]) -> None:
+    """Patch, PCA and model against a scene of `shape` (H, W, bands); `opts` as `_settle`'s.
+
+    Raises:
+        ValueError: one line naming the flag, the value and what to use instead.
+    """
+    model, patch_size, pca, dropout = (opts[k] for k in ("model", "patch_size", "pca", "dropout"))
+    h, w, bands = shape
+    limit = min(h, w)
+    if patch_size > limit:
+        largest = limit if limit % 2 else limit - 1
+        raise ValueError(
+            f"--patch-size {patch_size} is larger than the {scene} scene ({h}x{w} pixels); "
+            f"use an odd size up to {largest}"
+        )
+    if pca is not None and pca > bands:
+        raise ValueError(
+            f"--pca {pca} is more than the {bands} bands of {scene}; use 1..{bands}, "
+            "or 0 to keep the bands"
+        )
+    channels = pca or bands
+    # A throwaway model on one zero patch: a patch too small or too few channels for the
+    # model fails here, before the scene is read. fork_rng: the caller's torch generator is
+    # left as it was. (The meta device would skip the weights, but its first convolution
+    # imports torch's meta kernels, which costs more than this.)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            net = new_model(model, channels, 2, patch_size, dropout).eval()
+            net(torch.zeros(1, channels, patch_size, patch_size))
+    except (ValueError, RuntimeError) as exc:
+        message = " ".join(str(exc).split())
+        raise ValueError(
+            f"--model {model} cannot take {channels}-channel patches of {patch_size}x"
+            f"{patch_size} ({message}); change --patch-size or --pca, or choose another --model"
+        ) from None
+
+
+def new_model(model: str, bands: int, classes: int, patch_size: int, dropout: float) -> nn.Module:
+    """A fresh registered model (not seeded: the caller seeds torch)."""
+    return build_model(
+        model, bands=bands, num_classes=classes, patch_size=patch_size, dropout=dropout
+    )
+
+
+def check_split(split: Split, scene_gt: np.ndarray, names: tuple[str, ...], origin: str) -> None:
+    """Refuse a split that leaves a class without training or test pixels, in one line.
+
+    Such a class would only be a warning per class, and then a per-class accuracy that
+    cannot be scored; ``origin`` names the split (a --split-file, or the split kind).
+    """
+    no_train, no_test = missing_classes(split, scene_gt)
+    if not (no_train or no_test):
+        return
+    parts = []
+    for what, classes in (("training", no_train), ("test", no_test)):
+        if classes:
+            listed = ", ".join(f"{c} ({names[c - 1]})" for c in classes)
+            parts.append(f"no {what} pixels for class{'es' if len(classes) > 1 else ''} {listed}")
+    raise ValueError(
+        f"{origin} leaves {'; '.join(parts)}; use another --train-ratio or --train-per-class, "
+        "--split random, or (disjoint) a smaller --patch-size"
+    )
