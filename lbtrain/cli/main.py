@@ -72,6 +72,46 @@ def _one_line_warnings() -> Iterator[None]:
         yield
 
 
+# The name a failed write to standard output carries, so that its message says so.
+STDOUT = "<standard output>"
+
+
+class _StdoutNamer:
+    """Standard output whose write failures (a full disk, /dev/full) name it; else as is."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise  # the reader left: handled quietly
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, STDOUT) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, STDOUT) from None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _named_stdout() -> Iterator[None]:
+    original = sys.stdout
+    sys.stdout = _StdoutNamer(original)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout = original
+
+
 def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) -> int:
     """Run the `lbtrain` command line.
 
@@ -100,9 +140,9 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
             _error(exc)
             return 2
     try:
-        with _one_line_warnings():
+        with _one_line_warnings(), _named_stdout():
             code = int(args.run(args, comm) or 0)
-        sys.stdout.flush()  # a reader that left (`| head`) shows here, not at exit
+            sys.stdout.flush()  # a reader that left (`| head`) shows here, not at exit
         return code
     except BrokenPipeError:
         # The reader of stdout left (`| head`): stop quietly, as standard tools do.
@@ -130,6 +170,15 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         print(f"lbtrain: interrupted{where}", file=sys.stderr, flush=True)
         _abort(comm, 130)  # ranks not interrupted would wait in their next collective call
         return 130
+    except OSError as exc:
+        if exc.filename == STDOUT:
+            exc = CLIError(
+                f"standard output cannot be written ({exc.strerror}); send it to a file or "
+                "a pipe that can take it"
+            )
+        _error(exc, comm)
+        _abort(comm, 2)
+        return 2
     except (CLIError, *USER_ERRORS) as exc:
         _error(exc, comm)
         _abort(comm, 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -279,3 +280,17 @@ def test_ctrl_c_before_a_run_starts_is_one_line_and_status_130(monkeypatch, caps
     monkeypatch.setattr(cli_main, "main", interrupted)
     assert entry.main() == 130
     assert capsys.readouterr().err == "lbtrain: interrupted\n"
+
+
+def test_a_full_standard_output_is_one_line_saying_so(capsys, monkeypatch):
+    import errno
+    import io
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(sys, "stdout", Full())
+    code = main(["balance-report", "--profiles", str(FIXTURE)], comm=SingleProcessCommunicator())
+    err = capsys.readouterr().err
+    _one_line_error(code, err, "standard output cannot be written", "No space left on device")
