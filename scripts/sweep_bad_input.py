@@ -151,6 +151,10 @@ def markdown(rows: list[tuple[Case, str, float, list[str], str]], path: Path) ->
 
 def main() -> int:
     """Run the sweep (or list it)."""
+    # A background job of a non-interactive shell starts with SIGINT ignored, and children
+    # inherit that, so the Ctrl-C cases could not work; with a handler here they start with
+    # the default disposition, as from a terminal.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", metavar="SUBSTRING", help="run the cases whose id contains it")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")

@@ -82,7 +82,8 @@ pipe-head-json  S pipe  @LB balance-report --profiles @FX --global-batch 64 --fo
 pipe-head-big   S pipe  @LB balance-report --profiles @D/big.json --global-batch 100000
                         | head -n 1 +big !141 !no-broken
 pipe-true       S pipe  @LB balance-report --profiles @FX --global-batch 64 | true !no-ignored
-pipe-dev-full   S fail1 @LB balance-report --profiles @FX --global-batch 64 > /dev/full ?stdout
+pipe-dev-full   S fail1 @LB balance-report --profiles @FX --global-batch 64 > /dev/full
+                        ?"standard output"
 """
 # A broken profiles file: `id path = JSON value` or `id del path`, applied to the fixture.
 EDITS = """
