@@ -147,6 +147,8 @@ def check_creatable(option: str, folder: str | os.PathLike[str]) -> None:
     Raises:
         OutputError: naming `option`, the folder and a fix.
     """
+    if "\0" in os.fspath(folder):
+        raise OutputError(f"{option} {os.fspath(folder)!r} is not a valid path (a NUL byte)")
     folder = Path(folder)
     made: list[Path] = []
     try:
@@ -157,10 +159,6 @@ def check_creatable(option: str, folder: str | os.PathLike[str]) -> None:
                 missing = missing.parent
             for part in reversed(made):
                 part.mkdir()
-    except ValueError as exc:  # a NUL byte in the name
-        if isinstance(exc, OutputError):
-            raise
-        raise OutputError(f"{option} {os.fspath(folder)!r} is not a valid path ({exc})") from None
     finally:
         for part in made:
             with contextlib.suppress(OSError):

@@ -7,6 +7,7 @@ them into flag names.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -17,10 +18,12 @@ from torch import nn
 from lbtrain.comm import Communicator
 from lbtrain.devices import DeviceAssignment, assign_devices
 from lbtrain.emulation import Slowdown, slowdown_for_rank
+from lbtrain.outputs import writing
 from lbtrain.profiling import ProfileConfig, ReplicaProfile, load_profiles, profile_all
 from lbtrain.workloads import Workload, get_plugin
 
 __all__ = [
+    "write_on_root",
     "USER_ERRORS",
     "CollectiveError",
     "Replica",
@@ -81,6 +84,27 @@ def root_value(comm: Communicator, make: Callable[[], T]) -> T:
     """
     value = agree(comm, lambda: make() if comm.rank == 0 else None, name_rank=False)
     return comm.bcast(value, root=0)
+
+
+def write_on_root(
+    comm: Communicator, option: str, given: str | os.PathLike[str], write: Callable[[], T]
+) -> T | None:
+    """`write()` on rank 0 alone; collective. An OS failure stops every rank with one line.
+
+    The line names `option` and the `given` path, the real file and a fix
+    (:func:`lbtrain.outputs.writing`); under mpiexec every rank stops together.
+
+    Returns:
+        What `write` returned on rank 0, None on the other ranks.
+    """
+
+    def guarded() -> T | None:
+        if comm.rank != 0:
+            return None
+        with writing(option, given):
+            return write()
+
+    return agree(comm, guarded, name_rank=False)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 from lbtrain.comm import Communicator
 from lbtrain.outputs import writing
@@ -19,6 +17,7 @@ from lbtrain.session import (
     load_profiles_collective,
     profile_workload,
     setup_replica,
+    write_on_root,
 )
 from lbtrain.workloads import DEFAULT_WORKLOAD, available_workloads
 
@@ -37,24 +36,6 @@ __all__ = [
     "show_defaults",
     "write_on_root",
 ]
-
-T = TypeVar("T")
-
-
-def write_on_root(comm: Communicator, option: str, path: str, write: Callable[[], T]) -> T | None:
-    """`write()` on rank 0; an OS failure stops every rank with one line naming `option`.
-
-    Returns:
-        What `write` returned on rank 0, None on the other ranks.
-    """
-
-    def guarded() -> T | None:
-        if comm.rank != 0:
-            return None
-        with writing(option, path):
-            return write()
-
-    return agree(comm, guarded, name_rank=False)
 
 
 class CLIError(Exception):

@@ -21,10 +21,10 @@ from torch import nn
 from lbtrain.comm import Communicator
 from lbtrain.data import balanced_loader
 from lbtrain.emulation import slowdown_schedule
-from lbtrain.outputs import atomic_write_text, writing
+from lbtrain.outputs import atomic_write_text
 from lbtrain.profiling import build_report, format_report
 from lbtrain.profiling.record import profiles_to_dict
-from lbtrain.session import agree, build_workload, root_value, setup_replica
+from lbtrain.session import agree, build_workload, root_value, setup_replica, write_on_root
 from lbtrain.trainer.checkpoint import (
     CHECKPOINT_DIR,
     find_checkpoint,
@@ -77,15 +77,7 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
     given = config.out or folder  # what the user named, for messages
 
     def on_root(write: Callable[[], Any]) -> Any:
-        """`write()` on rank 0; a failure (disk full, ...) stops every rank with one line."""
-
-        def guarded() -> Any:
-            if comm.rank != 0:
-                return None
-            with writing("out", given):
-                return write()
-
-        return agree(comm, guarded, name_rank=False)
+        return write_on_root(comm, "out", given, write)  # the CLI says --out
 
     replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown)
     slowdown_at = agree(comm, lambda: slowdown_schedule(
