@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RANKS ?= 3
 
-.PHONY: venv test lint demo demo-toy demo-hs clean
+.PHONY: venv test test-fast lint demo demo-toy demo-hs clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,12 @@ lint: $(STAMP)
 test: lint
 	@$(PY) -m pytest -q; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+# The in-process tiers only (no mpiexec, no programs started): the edit-test loop.
+test-fast: lint
+	@$(PY) -m pytest -q -m "not slow"; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
 # The main job: real Indian Pines (tensorly's offline copy) on 3 ranks that emulate devices 1x,

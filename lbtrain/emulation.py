@@ -9,6 +9,7 @@ so the profile predicts what training will see.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ __all__ = [
     "parse_slowdown_changes",
     "parse_slowdowns",
     "precise_sleep",
+    "rank_cpu_time",
     "slowdown_for_rank",
     "slowdown_schedule",
 ]
@@ -50,6 +52,20 @@ def precise_sleep(
         sleep(remaining - SPIN_MARGIN)
     while clock() < deadline:
         pass
+
+
+def rank_cpu_time() -> float:
+    """CPU seconds this rank has computed: its thread's when torch runs on one thread, else
+    the whole process's (torch's intra-op threads work for it too).
+
+    The thread's clock leaves out whatever else the process runs: an MPI progress thread,
+    or the other ranks when ranks are threads of one process (`lbtrain.comm.LocalWorld`),
+    whose work would otherwise count as this rank's.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() == 1:
+        return time.thread_time()
+    return time.process_time()
 
 
 @dataclass(frozen=True)
@@ -111,7 +127,7 @@ class Slowdown:
         self,
         timer: Callable[[], float] = time.perf_counter,
         synchronize: Callable[[], None] | None = None,
-        cpu_timer: Callable[[], float] | None = time.process_time,
+        cpu_timer: Callable[[], float] | None = rank_cpu_time,
     ) -> Iterator[None]:
         """Time the enclosed compute step and sleep afterwards by the emulated factor.
 
@@ -124,7 +140,7 @@ class Slowdown:
             timer: wall clock in seconds.
             synchronize: called before reading the clocks, e.g. to wait for CUDA kernels;
                 without it a GPU step would look nearly free.
-            cpu_timer: CPU seconds used by this process (all its threads), or None to take
+            cpu_timer: CPU seconds this rank has used (`rank_cpu_time`), or None to take
                 the wall time as it is. Pass None on GPU ranks, whose host thread may block
                 while the device computes, and with a fake `timer`.
         """

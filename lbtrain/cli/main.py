@@ -6,11 +6,12 @@ import argparse
 import contextlib
 import os
 import sys
+import threading
 import time
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TextIO
+from typing import IO, TextIO
 
 import lbtrain
 from lbtrain.cli import balance_report, env, profile, train
@@ -31,7 +32,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         argv: the command line, read ahead for `train --workload` so that the workload's own
             options are part of the parser (and of `train --help`).
     """
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="lbtrain",
         description="Load-balanced synchronous data-parallel training on heterogeneous "
         "CPU/GPU replicas. Run a subcommand with --help for its options.",
@@ -44,6 +45,28 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         else:
             verb.add_parser(subparsers)
     return parser
+
+
+# Whether argparse may print on this thread: ranks other than 0 parse the same command line
+# silently, so a mistake is printed once. Per thread, not by swapping sys.stderr, which
+# every rank shares when ranks are threads of one process (lbtrain.comm.LocalWorld).
+_PARSING = threading.local()
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser (its subcommands too) that prints nothing on a quiet thread."""
+
+    def _print_message(self, message: str, file: IO[str] | None = None) -> None:
+        if not getattr(_PARSING, "quiet", False):
+            super()._print_message(message, file)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    _PARSING.quiet = launcher_rank() != 0
+    try:
+        return parser.parse_args(argv)
+    finally:
+        _PARSING.quiet = False
 
 
 def _error(message: object, comm: Communicator | None = None) -> None:
@@ -105,6 +128,9 @@ class _StdoutNamer:
 @contextlib.contextmanager
 def _named_stdout() -> Iterator[None]:
     original = sys.stdout
+    if isinstance(original, _StdoutNamer):  # ranks that are threads share one stdout
+        yield
+        return
     sys.stdout = _StdoutNamer(original)  # type: ignore[assignment]
     try:
         yield
@@ -125,11 +151,7 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
-    if launcher_rank() != 0:
-        with open(os.devnull, "w") as sink, contextlib.redirect_stderr(sink):
-            args = parser.parse_args(argv)
-    else:
-        args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if not hasattr(args, "run"):
         parser.print_help(sys.stderr)
         return 2

@@ -21,7 +21,7 @@ from torch import nn
 
 from lbtrain.comm import Communicator
 from lbtrain.devices import device_name, node_layout
-from lbtrain.emulation import Slowdown
+from lbtrain.emulation import Slowdown, rank_cpu_time
 from lbtrain.profiling.fit import fit_step_time
 from lbtrain.profiling.memory import (
     MEMORY_SAFETY,
@@ -154,7 +154,7 @@ def profile_replica(
     workload: str = "custom",
     slowdown: Slowdown | None = None,
     timer: Callable[[], float] = time.perf_counter,
-    cpu_timer: Callable[[], float] | None = time.process_time,
+    cpu_timer: Callable[[], float] | None = rank_cpu_time,
     memory_share: float = 1.0,
     available_memory: Callable[[], int] = available_host_memory,
     host: str | None = None,
@@ -172,7 +172,7 @@ def profile_replica(
         workload: workload name, recorded in the profile.
         slowdown: emulated slowdown applied after each timed step, as training applies it.
         timer: clock in seconds; injectable for deterministic tests.
-        cpu_timer: CPU seconds of this process, used by the emulated slowdown on CPU
+        cpu_timer: CPU seconds of this rank (`rank_cpu_time`), used by the emulated slowdown on CPU
             devices (see `Slowdown.step`); None to use `timer` alone, as with a fake clock.
         memory_share: this rank's share of the node's RAM (1 / ranks on the node).
         available_memory: returns the node's available RAM in bytes.

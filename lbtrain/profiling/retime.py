@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from lbtrain.comm import Communicator
-from lbtrain.emulation import Slowdown
+from lbtrain.emulation import Slowdown, rank_cpu_time
 from lbtrain.profiling.fit import fit_step_time
 from lbtrain.profiling.profiler import ProfileConfig
 from lbtrain.profiling.record import ReplicaProfile
@@ -85,7 +85,7 @@ def retime_profiles(
     slowdown: Slowdown | None = None,
     config: ProfileConfig | None = None,
     timer: Callable[[], float] = time.perf_counter,
-    cpu_timer: Callable[[], float] | None = time.process_time,
+    cpu_timer: Callable[[], float] | None = rank_cpu_time,
 ) -> list[ReplicaProfile]:
     """Time each rank at its own batch size, add the point to its profile, refit; collective.
 
@@ -103,7 +103,7 @@ def retime_profiles(
         slowdown: this rank's emulated slowdown, as in profiling and training.
         config: repeats and seed; default ProfileConfig().
         timer: clock in seconds; injectable for tests.
-        cpu_timer: CPU seconds of this process, for the slowdown on CPU devices.
+        cpu_timer: CPU seconds of this rank (`rank_cpu_time`), for the slowdown on CPU devices.
 
     Returns:
         The updated profiles, the same on every rank, in rank order.

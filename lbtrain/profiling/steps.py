@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from lbtrain.devices import synchronize
-from lbtrain.emulation import Slowdown
+from lbtrain.emulation import Slowdown, rank_cpu_time
 from lbtrain.profiling.state import TrainingState
 
 __all__ = ["Batch", "LossFn", "MakeBatch", "StepTimer", "resolve_device", "step_sandbox"]
@@ -40,7 +40,8 @@ class StepTimer:
         device: where the batches go.
         slowdown: emulated slowdown applied to each timed step.
         timer: clock in seconds.
-        cpu_timer: CPU seconds of this process, for the slowdown on CPU devices; None to
+        cpu_timer: CPU seconds of this rank (`rank_cpu_time`), for the slowdown on CPU
+            devices; None to
             use `timer` alone.
     """
 
@@ -110,7 +111,7 @@ def step_sandbox(
     seed: int,
     slowdown: Slowdown | None = None,
     timer: Callable[[], float] = time.perf_counter,
-    cpu_timer: Callable[[], float] | None = time.process_time,
+    cpu_timer: Callable[[], float] | None = rank_cpu_time,
 ) -> Iterator[StepTimer]:
     """A StepTimer whose steps leave no trace: model, optimizer, mode and RNG are restored.
 

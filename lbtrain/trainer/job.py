@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,10 @@ from lbtrain.trainer.summary import build_summary, format_summary, rank_totals
 from lbtrain.workloads import ArtifactContext, Workload
 
 __all__ = ["TrainResult", "train"]
+
+# Ranks that are threads of one process (lbtrain.comm.LocalWorld) share torch's global
+# generator: seeding and initialising under one lock keeps rank 0's weights the seed's.
+_GLOBAL_RNG = threading.Lock()
 
 
 @dataclass
@@ -110,8 +115,9 @@ def train(config: TrainConfig, comm: Communicator) -> TrainResult:
         say(f"emulated slowdown changes: {config.emulate_change} (from epoch: factors per rank)")
 
     device = replica.device
-    torch.manual_seed(config.seed)  # the workload's model initialisation
-    model = workload.build_model()
+    with _GLOBAL_RNG:
+        torch.manual_seed(config.seed)  # the workload's model initialisation
+        model = workload.build_model()
     _broadcast_state(model, comm)  # rank 0's weights everywhere, however each rank seeded
     model.to(device)
     torch.manual_seed(config.seed + 1 + comm.rank)  # dropout masks differ between ranks

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,7 +32,7 @@ from lbtrain.balancer import BalancePlan
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.devices import synchronize
-from lbtrain.emulation import Slowdown
+from lbtrain.emulation import Slowdown, rank_cpu_time
 from lbtrain.gradients import GradientSync
 from lbtrain.session import CollectiveError
 from lbtrain.trainer.progress import Progress
@@ -65,7 +66,15 @@ class StopSignal:
 
     @contextmanager
     def installed(self) -> Iterator[StopSignal]:
-        """Catch the signals while the block runs (main thread only), then restore."""
+        """Catch the signals while the block runs, then restore.
+
+        Only a process's main thread receives signals (and may install handlers); a rank
+        that is another thread (`lbtrain.comm.LocalWorld`) runs without, and stops when a
+        rank that has them asks.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
         previous = {s: signal.signal(s, self._handle) for s in SIGNAL_EXIT}
         try:
             yield self
@@ -192,7 +201,7 @@ def fit(
     """
     slowdown = slowdown or Slowdown(1.0)
     progress = progress or Progress(False, epochs)
-    cpu_timer = time.process_time if device.type == "cpu" else None
+    cpu_timer = rank_cpu_time if device.type == "cpu" else None
 
     def sync_device() -> None:
         synchronize(device)

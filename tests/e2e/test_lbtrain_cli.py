@@ -52,37 +52,6 @@ def test_balance_report_from_a_profiles_file():
     assert "ratio" not in table.stdout
 
 
-def test_balance_report_leaves_out_ranks_whose_fixed_cost_outlasts_the_step():
-    base = [*lbtrain_command(), "balance-report", "--profiles", str(GPU_CPU)]
-    table = _run([*base, "--global-batch", "1024"])
-    assert table.returncode == 0, table.stderr
-    assert "note: ranks 1, 2, 3 get no samples" in table.stdout
-    assert "ratio" not in table.stdout
-    # --min-batch 1 turns zero shares off; the note says what they would save.
-    result = _run([*base, "--global-batch", "1024", "--min-batch", "1", "--format", "json"])
-    assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
-    cost = data["policies"]["cost"]
-    assert [r["batch_size"] for r in cost["ranks"]] == [1021, 1, 1, 1]
-    assert cost["predicted_step_time"] == pytest.approx(2.6e-3 + 65e-6)  # rank 3, one sample
-    assert all(p["efficiency"] <= 1 for p in data["policies"].values())
-    (note,) = data["notes"]
-    assert "ranks 1, 2, 3 could get no samples" in note and "--min-batch 0" in note
-    # A library error names the flags here, not the library's parameters.
-    small = _run([*base, "--global-batch", "3"])
-    assert small.returncode == 2
-    assert "--global-batch 3" in small.stderr and "--min-batch 0" in small.stderr
-    assert "min_batch=" not in small.stderr and "Traceback" not in small.stderr
-
-
-def test_missing_profiles_file_is_one_line_and_exit_2(tmp_path):
-    missing = tmp_path / "nope.json"
-    result = _run([*lbtrain_command(), "balance-report", "--profiles", str(missing)])
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and str(missing) in result.stderr
-    assert "Traceback" not in result.stderr
-
-
 def test_env_prints_versions_and_world():
     result = _run([*lbtrain_command(), "env"])
     assert result.returncode == 0, result.stderr
@@ -137,48 +106,3 @@ def test_a_reader_that_leaves_ends_the_command_quietly():
     _, stderr = process.communicate(timeout=120)
     assert stderr == ""  # no traceback, no "error: [Errno 32] Broken pipe"
     assert process.returncode == 141  # as a shell reports `yes | head`
-
-
-@pytest.mark.parametrize(
-    ("plot", "needle"),
-    [
-        ("{tmp}", "is a folder; name an image file in it"),
-        ("{tmp}/report", "has no extension"),
-        ("{tmp}/report.xyz", "has extension .xyz"),
-        ("{tmp}/missing/report.png", "does not exist; create it first"),
-    ],
-)
-def test_a_plot_path_that_cannot_be_the_named_image_is_refused_before_any_work(
-    tmp_path, plot, needle
-):
-    plot = plot.format(tmp=tmp_path)
-    result = _run([*lbtrain_command(), "balance-report", "--profiles", str(FIXTURE),
-                   "--plot", plot])  # fmt: skip
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert result.stdout == ""  # refused before the report, not after it
-    assert needle in result.stderr and result.stderr.count("\n") == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written anywhere
-
-
-def test_min_batch_too_large_is_refused_before_profiling():
-    result = _run([*lbtrain_command(), "balance-report", "--min-batch", "600",
-                   "--global-batch", "512"])  # fmt: skip
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "--min-batch 600 on 1 ranks needs --global-batch >= 600" in result.stderr
-    assert "profil" not in result.stdout.lower()  # no profiling output came first
-
-
-def test_profile_output_that_is_a_folder_is_refused_before_profiling(tmp_path):
-    result = _run([*lbtrain_command(), "profile", "--output", str(tmp_path)])
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert f"--output {str(tmp_path)!r} is a folder" in result.stderr
-    assert result.stderr.count("\n") == 1 and result.stdout == ""  # no profiling table
-    assert list(tmp_path.iterdir()) == []  # no temporary file left either
-
-
-def test_reference_batch_with_a_profiles_file_is_refused_not_ignored():
-    result = _run([*lbtrain_command(), "balance-report", "--profiles", str(FIXTURE),
-                   "--reference-batch", "32"])  # fmt: skip
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "--reference-batch 32 applies only when profiling now" in result.stderr
-    assert result.stdout == ""

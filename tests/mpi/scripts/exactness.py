@@ -1,9 +1,11 @@
 """N ranks with unequal shares must make exactly the updates of one process.
 
-Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/exactness.py 5,11,48 [MODE]
-MODE is how the weighted model syncs: "function" (`sync_gradients` after backward, the
-default), "overlap" (`GradientSync` started from backward, one small bucket per parameter so
-several are in flight) or "staged" (the same through host staging buffers, the GPU path).
+Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/exactness.py [ops] 5,11,48[:MODE] ...
+(one job checks each case in turn; `check` runs one case on any communicator, and the
+in-process tests call it on threads). MODE is how the weighted model syncs: "function"
+(`sync_gradients` after backward, the default), "overlap" (`GradientSync` started from
+backward, one small bucket per parameter so several are in flight) or "staged" (the same
+through host staging buffers, the GPU path).
 Every rank also trains the single-process reference itself (the data is the same on every
 rank), so each rank checks its own parameters. The naive 1/P average is trained alongside
 and must visibly miss, which shows the comparison can fail.
@@ -12,6 +14,7 @@ and must visibly miss, which shows the comparison can fail.
 from __future__ import annotations
 
 import sys
+import threading
 
 import torch
 from torch import nn
@@ -19,16 +22,23 @@ from torch.utils.data import TensorDataset
 
 from lbtrain import balanced_loader, plan_batches, sync_gradients, world_communicator
 from lbtrain.balancer import BalancePlan, ReplicaSpeed
+from lbtrain.comm import Communicator
 from lbtrain.data import epoch_schedule
 from lbtrain.gradients import GradientSync
+from tests.mpi.scripts.comm_ops import check_ops
 
 EPOCHS = 2
 NUM_SAMPLES = 64 * 3 + 29  # three full global batches and a short tail
 
 
+# Ranks that are threads share torch's global generator: seed and build under one lock.
+_SEEDING = threading.Lock()
+
+
 def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4)).double()
+    with _SEEDING:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4)).double()
 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
@@ -39,10 +49,8 @@ def flat_params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def main() -> None:
-    comm = world_communicator()
-    sizes = [int(s) for s in sys.argv[1].split(",")]
-    mode = sys.argv[2] if len(sys.argv) > 2 else "function"
+def check(comm: Communicator, sizes: list[int], mode: str = "function") -> str:
+    """Train weighted, naive and reference models on `comm`; assert; a line saying so."""
     if mode not in ("function", "overlap", "staged"):
         raise ValueError(f"unknown mode {mode!r}")
     if len(sizes) != comm.size:
@@ -116,12 +124,23 @@ def main() -> None:
     assert exact_diff < 1e-10, f"rank {comm.rank}: weighted sync differs by {exact_diff:.3e}"
     assert naive_diff > 1e-3, f"rank {comm.rank}: naive 1/P average matched ({naive_diff:.3e})"
     assert drift == 0.0, f"ranks disagree on parameters by {drift}"
-    if comm.rank == 0:
-        print(
-            f"exactness ok: ranks={comm.size} batch_sizes={sizes} mode={mode} "
-            f"steps/epoch={len(loader)} "
-            f"weighted max|diff|={exact_diff:.2e} naive 1/P max|diff|={naive_diff:.2e}"
-        )
+    return (
+        f"exactness ok: ranks={comm.size} batch_sizes={sizes} mode={mode} "
+        f"steps/epoch={len(loader)} "
+        f"weighted max|diff|={exact_diff:.2e} naive 1/P max|diff|={naive_diff:.2e}"
+    )
+
+
+def main() -> None:
+    comm = world_communicator()
+    for case in sys.argv[1:]:
+        if case == "ops":  # every Communicator operation, in the same job
+            line = check_ops(comm)
+        else:
+            sizes, _, mode = case.partition(":")
+            line = check(comm, [int(s) for s in sizes.split(",")], mode or "function")
+        if comm.rank == 0:
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,4 @@
-"""Communicators: the only module in lbtrain that imports mpi4py.
-
-Library code receives a `Communicator` explicitly and never reaches for COMM_WORLD. World
-size 1 uses `SingleProcessCommunicator`, so single-process runs and unit tests need no MPI.
-"""
+"""MPI through mpi4py: the only module in lbtrain that imports mpi4py (lazily)."""
 
 from __future__ import annotations
 
@@ -10,127 +6,18 @@ import ctypes
 import os
 import sys
 from functools import cached_property
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-__all__ = [
-    "Communicator",
-    "MPICommunicator",
-    "Request",
-    "SingleProcessCommunicator",
-    "launched_by_mpi",
-    "mpi_library_info",
-    "world_communicator",
-]
+from lbtrain.comm.base import Request
 
-# Variables that MPICH/Hydra, Open MPI, Intel MPI, Slurm's PMI and PMIx set in every rank.
-_LAUNCHER_SIZE_VARIABLES = (
-    "PMI_SIZE",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMIX_SIZE",
-    "MPI_LOCALNRANKS",
-    "HYDRA_CONTROL_FD",
-)
+if TYPE_CHECKING:
+    import torch
 
+    from lbtrain.comm.base import Communicator
 
-class Request(Protocol):
-    """A collective in flight: its buffer may be read only once it has completed."""
-
-    def test(self) -> bool:
-        """Drive progress; True once the collective has completed."""
-
-    def wait(self) -> None:
-        """Block until the collective has completed."""
-
-
-class _Completed:
-    """The request of a collective that was complete when it started (one rank)."""
-
-    def test(self) -> bool:
-        return True
-
-    def wait(self) -> None:
-        return None
-
-
-@runtime_checkable
-class Communicator(Protocol):
-    """What lbtrain needs from a process group."""
-
-    @property
-    def rank(self) -> int: ...
-
-    @property
-    def size(self) -> int: ...
-
-    def allreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> None:
-        """Sum `buffer` over all ranks, in place. CPU or CUDA tensors, or numpy arrays."""
-
-    def iallreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> Request:
-        """Start summing `buffer` over all ranks, in place; read it after the request's wait.
-
-        Every rank starts its collectives in the same order. CPU tensors and numpy arrays;
-        CUDA tensors only where `cuda_aware` (the caller synchronises the stream first).
-        """
-
-    @property
-    def cuda_aware(self) -> bool:
-        """Whether the MPI library reads and writes CUDA memory itself."""
-
-    def broadcast_(self, buffer: torch.Tensor | np.ndarray, root: int = 0) -> None:
-        """Overwrite `buffer` on every rank with `root`'s, in place."""
-
-    def allgather(self, obj: Any) -> list[Any]:
-        """Gather one small picklable object from each rank, in rank order, on every rank."""
-
-    def bcast(self, obj: Any, root: int = 0) -> Any:
-        """Return `root`'s object on every rank."""
-
-    def barrier(self) -> None:
-        """Wait until every rank gets here."""
-
-    def abort(self, code: int = 1) -> None:
-        """Terminate every rank of the job (never returns)."""
-
-
-class SingleProcessCommunicator:
-    """The trivial communicator of a world with one rank."""
-
-    rank = 0
-    size = 1
-    cuda_aware = True  # nothing is sent anywhere: any memory will do
-
-    def allreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> None:
-        """The sum over one rank is the buffer itself."""
-
-    def iallreduce_sum_(self, buffer: torch.Tensor | np.ndarray) -> Request:
-        """The sum over one rank is the buffer itself, complete at once."""
-        return _Completed()
-
-    def broadcast_(self, buffer: torch.Tensor | np.ndarray, root: int = 0) -> None:
-        """The root is this rank: nothing to copy."""
-        self.bcast(None, root)
-
-    def allgather(self, obj: Any) -> list[Any]:
-        """A list holding this rank's object."""
-        return [obj]
-
-    def bcast(self, obj: Any, root: int = 0) -> Any:
-        """This rank's object."""
-        if root != 0:
-            raise ValueError(f"Invalid root {root}, root should be 0 in a world of size 1")
-        return obj
-
-    def barrier(self) -> None:
-        """Nothing to wait for."""
-
-    def abort(self, code: int = 1) -> None:
-        """Exit this process."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+__all__ = ["MPICommunicator", "abort_started", "mpi_library_info", "mpi_world", "start_mpi"]
 
 
 class MPICommunicator:
@@ -259,6 +146,8 @@ class MPICommunicator:
         key = (buffer.dtype, buffer.numel())
         host = self._staging.get(key)
         if host is None:
+            import torch
+
             host = torch.empty(buffer.numel(), dtype=buffer.dtype, pin_memory=True)
             self._staging[key] = host
         return host
@@ -310,32 +199,6 @@ def _contiguous(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def launched_by_mpi() -> bool:
-    """True when an MPI launcher (mpiexec, srun) started this process."""
-    return any(name in os.environ for name in _LAUNCHER_SIZE_VARIABLES)
-
-
-def world_communicator() -> Communicator:
-    """The communicator for the whole job: MPI when launched by mpiexec, else single-process.
-
-    A plain `python` or `lbtrain` start does not import mpi4py at all, so single-process use
-    works even where the MPI library is missing.
-    """
-    if not launched_by_mpi():
-        return SingleProcessCommunicator()
-    try:
-        from mpi4py import MPI
-    except ImportError as exc:
-        raise RuntimeError(
-            f"launched by an MPI launcher but mpi4py cannot be imported ({exc}); install it "
-            "with `pip install mpi4py mpich`, or build it against your site MPI as the README "
-            "explains"
-        ) from exc
-    if MPI.COMM_WORLD.Get_size() == 1:
-        return SingleProcessCommunicator()
-    return MPICommunicator(MPI.COMM_WORLD)
-
-
 def mpi_library_info() -> dict[str, str]:
     """Versions of mpi4py and of the MPI library it runs on, for `lbtrain env` and bug reports.
 
@@ -365,3 +228,48 @@ def mpi_library_info() -> dict[str, str]:
         if forced in ("0", "1")
         else str(_query_cuda_support()),
     }
+
+
+def _import_mpi() -> Any:
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise RuntimeError(
+            f"launched by an MPI launcher but mpi4py cannot be imported ({exc}); install it "
+            "with `pip install mpi4py mpich`, or build it against your site MPI as the README "
+            "explains"
+        ) from exc
+    return MPI
+
+
+def start_mpi() -> None:
+    """Initialise MPI now (importing mpi4py.MPI does), before anything slow.
+
+    Why the console script calls it first under a launcher: a rank that ends before MPI_Init
+    (a Ctrl-C while torch loads) is not seen by MPICH's Hydra as a failed rank, and the
+    ranks that were not interrupted then wait in MPI_Init for it forever. Once every rank is
+    past MPI_Init, a rank that ends makes the launcher end the others.
+
+    Raises:
+        RuntimeError: mpi4py cannot be imported.
+    """
+    _import_mpi()
+
+
+def mpi_world() -> Communicator | None:
+    """MPI_COMM_WORLD as a communicator, None for a job of one rank."""
+    MPI = _import_mpi()
+    if MPI.COMM_WORLD.Get_size() == 1:
+        return None
+    return MPICommunicator(MPI.COMM_WORLD)
+
+
+def abort_started(code: int) -> None:
+    """MPI_Abort the whole job if MPI is running with more than one rank; else return."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is None or not mpi.Is_initialized() or mpi.Is_finalized():
+        return
+    if mpi.COMM_WORLD.Get_size() > 1:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(code)

@@ -1,0 +1,78 @@
+"""Exactness through the whole `lbtrain train` command line, on in-process ranks.
+
+Three ranks with unequal batches must end where one process ends on the same global
+batches, to float32 rounding; DDP's 1/P average, run the same way, must not match, so the
+comparison is known to be able to fail. The ranks are threads (tests/ranks.py); the same
+runs under `mpiexec -n 3` are in tests/mpi/test_train_exactness.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lbtrain import SingleProcessCommunicator
+from lbtrain.cli.main import main
+from tests.fixtures.exact_runs import (
+    COMMON,
+    max_difference,
+    trained,
+    unequal_plan,
+    zero_share_plan,
+)
+from tests.ranks import lbtrain_ranks
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "run"
+    assert main([*COMMON, "--out", str(out)], comm=SingleProcessCommunicator()) == 0
+    return trained(out)[0]
+
+
+def _three_ranks(out, *extra: str):
+    job = lbtrain_ranks(3, *COMMON, "--out", str(out), *extra)
+    assert job.codes == [0, 0, 0], job.output()
+    return trained(out)
+
+
+def test_profiled_unequal_ranks_match_one_process(one_process, tmp_path):
+    # The whole path: profile ranks emulating 1x, 2x and 4x devices, plan by cost, train.
+    model, sizes = _three_ranks(tmp_path / "run", "--emulate-slowdown", "1,2,4", "--policy", "cost")
+    assert len(set(sizes)) > 1, f"the plan {sizes} should be unequal under 1,2,4 slowdowns"
+    assert max_difference(model, one_process) < 1e-5
+
+
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_unequal_shares_match_one_process_and_the_naive_average_does_not(
+    overlap, one_process, tmp_path
+):
+    plan = str(unequal_plan(tmp_path))
+    model, sizes = _three_ranks(
+        tmp_path / "run", "--plan", plan, "--overlap", overlap, "--replan", "off"
+    )
+    assert sizes == [6, 11, 23]
+    assert max_difference(model, one_process) < 1e-5
+    naive, _ = _three_ranks(
+        tmp_path / "naive",
+        "--plan",
+        plan,
+        "--overlap",
+        overlap,
+        "--replan",
+        "off",
+        "--weighting",
+        "uniform",
+    )
+    assert max_difference(naive, one_process) > 1e-3
+
+
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_a_rank_with_a_zero_share_keeps_the_update_exact(overlap, one_process, tmp_path):
+    """Rank 1 gets no samples: it skips compute, adds zeros, and the job still matches."""
+    # --replan off keeps the plan for both epochs (auto could hand rank 1 samples again).
+    model, sizes = _three_ranks(
+        tmp_path / "run",
+        *("--plan", str(zero_share_plan(tmp_path)), "--replan", "off", "--overlap", overlap),
+    )
+    assert sizes == [26, 0, 14]
+    assert max_difference(model, one_process) < 1e-5

@@ -1,0 +1,216 @@
+"""`lbtrain train` on several in-process ranks: agreement, faults, resume, settings.
+
+The ranks are threads over `lbtrain.comm.LocalWorld` running the real command line
+(tests/ranks.py), so everything that only needs "several ranks agree" is checked in
+milliseconds: a bad setting stops every rank with one line, a NaN on one rank stops all at
+the same step, a resumed run ends exactly where one uninterrupted run ends. What only real
+processes show (an abort, kill -9, signals, the launcher's output) is in
+tests/mpi/test_train_faults.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
+from lbtrain.trainer.config import load_toml
+from tests.fixtures.faulty_runs import (
+    BATCH,
+    FAULTY,
+    SCHEDULE,
+    faulty,
+    final_model,
+    plan_file,
+    same,
+)
+from tests.ranks import lbtrain_ranks
+
+
+def _one_error_line(job) -> str:
+    errors = job.error_lines()
+    assert len(errors) == 1, job.output()  # every rank stopped; one reported
+    assert "Traceback" not in job.stderr, job.output()
+    return errors[0]
+
+
+# ---------------------------------------------------------------------------------------
+# Bad input: exit 2 on every rank, one error line (not one per rank), before any real work
+
+
+def _bad_out(tmp_path: Path) -> str:
+    (tmp_path / "file.txt").write_text("not a folder\n")
+    return str(tmp_path / "file.txt" / "run")
+
+
+def _full_out(tmp_path: Path) -> str:
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine\n")
+    return str(tmp_path / "full")
+
+
+def _held_out(tmp_path: Path) -> str:
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "config.toml").write_text('workload = "hyperspectral"\n')
+    return str(tmp_path / "held")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--global-batch", "1"], "--global-batch 1"),
+        (["--model", "nope"], "--model"),
+        (["--dataset", "nope"], "--dataset"),
+        (["--patch-size", "4"], "--patch-size 4"),
+        (["--patch-size", "301"], "--patch-size 301"),
+        (["--train-ratio", "1.5"], "--train-ratio 1.5"),
+        (["--epochs", "0"], "--epochs"),
+        (["--resume", "{tmp}/missing"], "does not exist"),
+        (["--out", _bad_out], "cannot be written"),
+        (["--out", _held_out], "already holds a run"),
+        (["--out", _full_out], "is not empty (it holds notes.txt)"),
+        # /proc takes no new folders, even from root.
+        (["--out", "/proc/lbtrain-no-such-run"], "--out '/proc/lbtrain-no-such-run' cannot"),
+        (["--dataset", "indian_pines", "--data-dir", "{tmp}/typo"], "typo' does not exist"),
+        (["--model", "hu", "--patch-size", "5"], "--model hu reads only the centre"),
+    ],
+    ids=[
+        "batch-below-world", "model", "dataset", "even-patch", "patch-too-large",
+        "train-ratio", "epochs-0", "missing-resume", "out-unwritable", "out-holds-run",
+        "out-not-empty", "out-uncreatable", "data-dir-typo", "hu-patch",
+    ],
+)  # fmt: skip
+def test_a_bad_setting_is_one_error_line_and_exit_2_on_every_rank(tmp_path, args, needle):
+    args = [a(tmp_path) if callable(a) else a.replace("{tmp}", str(tmp_path)) for a in args]
+    defaults = ["--dataset", "synthetic", "--time-budget", "1", "--epochs", "1", "--threads", "1"]
+    if "--out" not in args:
+        defaults += ["--out", str(tmp_path / "run")]
+    job = lbtrain_ranks(2, "train", *defaults, *args, timeout=60)
+    assert job.codes == [2, 2] and not job.aborted, job.output()
+    error = _one_error_line(job)
+    assert error.startswith(("lbtrain: error:", "lbtrain train: error:")), error
+    assert needle in error, (needle, error)
+    assert not job.stdout.strip(), job.output()
+
+
+# ---------------------------------------------------------------------------------------
+# --config
+
+
+def test_a_config_file_supplies_settings_and_a_flag_overrides_one(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'workload = "{FAULTY}"\nepochs = 1\nglobal_batch = {BATCH}\nlr = 0.01\n'
+        'lr_schedule = "constant"\nthreads = 1\n'
+        "[workload_options]\nfault_step = 2\nstep_sleep = 0.0\n"
+    )
+    out = tmp_path / "run"
+    job = lbtrain_ranks(
+        2, "train", "--config", str(config), "--lr", "0.005", "--fault-step", "4",
+        "--plan", str(plan_file(tmp_path, [1.0, 3.0])), "--quiet", "--out", str(out),
+    )  # fmt: skip
+    assert job.codes == [0, 0], job.output()
+    written = load_toml(out / "config.toml")
+    assert written["workload"] == FAULTY and written["epochs"] == 1
+    assert written["global_batch"] == BATCH and written["lr_schedule"] == "constant"
+    assert written["lr"] == 0.005  # the flag beats the file
+    assert written["workload_options"]["fault_step"] == 4
+    assert written["workload_options"]["step_sleep"] == 0.0
+
+
+def test_an_unknown_key_in_the_config_file_is_one_error_line_and_exit_2(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text(f'workload = "{FAULTY}"\nepochs = 1\nbogus_setting = 3\n')
+    job = lbtrain_ranks(2, "train", "--config", str(config), "--out", str(tmp_path / "run"))
+    assert job.codes == [2, 2], job.output()
+    error = _one_error_line(job)
+    assert error.startswith("lbtrain: error:") and "bogus_setting" in error, error
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# A rank fails
+
+
+def test_a_nan_loss_on_one_rank_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path):
+    out = tmp_path / "run"
+    job = lbtrain_ranks(
+        3,
+        *faulty("--fault", "nan", "--fault-rank", "2", "--fault-step", "7"),
+        "--plan", str(plan_file(tmp_path, [1.0, 1.0, 1.0])), "--epochs", "4",
+        "--checkpoint-every", "1", "--out", str(out),
+    )  # fmt: skip
+    assert job.codes == [1, 1, 1] and not job.aborted, job.output()
+    error = _one_error_line(job)
+    assert error.startswith("lbtrain: error: ")
+    assert "epoch 2, step 2" in error and "non-finite" in error, error
+    saved = list_checkpoints(out / "checkpoints")
+    assert [path.name for path in saved] == ["step-000000005.pt"], saved
+    state = load_checkpoint(saved[0])
+    assert (state["epoch"], state["step"], state["global_step"]) == (1, 0, 5)
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
+    assert not (out / "metrics.json").exists()
+
+
+def test_an_exception_on_one_rank_ends_every_rank_with_its_message(tmp_path):
+    # In-process the job's end is an abort of the world (tests/mpi has the real processes).
+    out = tmp_path / "run"
+    job = lbtrain_ranks(
+        3,
+        *faulty("--fault", "raise", "--fault-rank", "1", "--fault-step", "3"),
+        "--plan", str(plan_file(tmp_path, [1.0, 1.0, 1.0])), "--epochs", "3",
+        "--out", str(out),
+    )  # fmt: skip
+    assert job.aborted and job.code == 1, job.output()
+    assert job.stderr.count("injected fault on rank 1 at step 3") == 1, job.output()
+    assert not (out / "metrics.json").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Resuming gives the run that was never stopped (same world size, fixed plan, no dropout)
+
+
+@pytest.fixture(scope="module")
+def one_go(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The final model of 4 epochs on 2 ranks with batches 10 and 30, in one go."""
+    folder = tmp_path_factory.mktemp("one-go")
+    job = lbtrain_ranks(
+        2, *faulty(*SCHEDULE), "--plan", str(plan_file(folder, [1.0, 3.0])),
+        "--epochs", "4", "--quiet", "--out", str(folder / "run"),
+    )  # fmt: skip
+    assert job.codes == [0, 0], job.output()
+    saved = list_checkpoints(folder / "run" / "checkpoints")
+    assert load_checkpoint(saved[-1])["global_step"] == 20
+    return final_model(folder / "run")
+
+
+def test_resume_after_epoch_2_ends_exactly_where_one_go_does(tmp_path, one_go):
+    out = tmp_path / "run"
+    plan = plan_file(tmp_path, [1.0, 3.0])
+    job = lbtrain_ranks(
+        2, *faulty(*SCHEDULE), "--plan", str(plan), "--epochs", "2", "--quiet",
+        "--out", str(out),
+    )  # fmt: skip
+    assert job.codes == [0, 0], job.output()
+    after_two = load_checkpoint(list_checkpoints(out / "checkpoints")[-1])
+    assert after_two["global_step"] == 10
+    job = lbtrain_ranks(2, "train", "--resume", str(out), "--epochs", "4", "--quiet")
+    assert job.codes == [0, 0], job.output()
+    assert (out / "metrics.json").exists()
+    resumed = list_checkpoints(out / "checkpoints")[-1]
+    assert load_checkpoint(resumed)["global_step"] == 20
+    assert same(final_model(out), one_go)
+
+    # The comparison can fail: the same resume without the optimizer's state (Adam's
+    # moments) ends elsewhere.
+    after_two["optimizer"]["state"] = {}
+    forgetful = tmp_path / "forgetful.pt"
+    torch.save(after_two, forgetful)
+    job = lbtrain_ranks(
+        2, "train", "--resume", str(forgetful), "--epochs", "4", "--quiet",
+        "--out", str(tmp_path / "forgetful"),
+    )  # fmt: skip
+    assert job.codes == [0, 0], job.output()
+    assert not same(final_model(tmp_path / "forgetful"), one_go)
