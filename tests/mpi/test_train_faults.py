@@ -282,13 +282,25 @@ def _loads_torch(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("phase", ["starting", "profiling"])
+def _launcher_rank(pid: int) -> int | None:
+    """The rank Hydra gave process `pid` (its PMI_RANK), None if unknown."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    ranks = [int(item[9:]) for item in environ if item.startswith(b"PMI_RANK=")]
+    return ranks[0] if ranks else None
+
+
+@pytest.mark.parametrize("phase", ["starting", "one-rank-starting", "profiling"])
 def test_ctrl_c_outside_training_is_one_line_for_the_whole_job_and_exit_130(tmp_path, phase):
     # Every rank gets the SIGINT (Hydra forwards it): while they start up (importing torch)
     # or while they profile, the job prints one line, not one per rank, and no traceback.
     # The test waits for the phase to begin (torch loading in both ranks; both ranks'
     # workload built, which comes right before profiling), and the emulated slowdown makes
     # profiling last far longer than any wait, whatever the machine's speed.
+    # "one-rank-starting" interrupts rank 1 alone while it loads torch: before MPI started
+    # ahead of torch, that rank ended before MPI_Init and rank 0 waited in MPI_Init forever.
     out, pids = tmp_path / "run", tmp_path / "pids"
     job = Job(
         tmp_path, 2,
@@ -298,9 +310,13 @@ def test_ctrl_c_outside_training_is_one_line_for_the_whole_job_and_exit_130(tmp_
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while True:
+        targets: list[int] = []
         if phase == "starting":
             ranks = _rank_pids(str(out))
             ready = len(ranks) == 2 and all(_loads_torch(pid) for pid in ranks)
+        elif phase == "one-rank-starting":
+            targets = [p for p in _rank_pids(str(out)) if _launcher_rank(p) == 1]
+            ready = len(targets) == 1 and _loads_torch(targets[0])
         else:
             ready = len(job.rank_pids()) == 2
         if ready:
@@ -309,7 +325,10 @@ def test_ctrl_c_outside_training_is_one_line_for_the_whole_job_and_exit_130(tmp_
             job.kill()
             raise AssertionError(f"the {phase} phase never began\n{job.output()}")
         time.sleep(0.01)
-    os.killpg(job.process.pid, signal.SIGINT)
+    if targets:
+        os.kill(targets[0], signal.SIGINT)
+    else:
+        os.killpg(job.process.pid, signal.SIGINT)
     code = job.finish(timeout=60)
     assert code == 130, job.output()
     assert job.stderr.count("lbtrain: interrupted") == 1, job.output()
