@@ -232,6 +232,23 @@ class GradientSync:
         self._owner = threading.get_ident()
         self._armed = self.overlap
 
+    def arm(self, weight: float, *, prescaled: bool = False) -> None:
+        """Start a step as `begin` does, but keep what the gradients hold (accumulation).
+
+        Each `.grad` becomes its bucket view again, holding the same values (zeros where it
+        was None), so backward adds onto earlier micro-batches' gradients in place.
+        """
+        self._start(weight, prescaled)
+        self.adopt_grads()
+        self._owner = threading.get_ident()
+        self._armed = self.overlap
+
+    def adopt_grads(self) -> None:
+        """Point every `.grad` at its bucket view, keeping its values (zeros where None)."""
+        for bucket in self.buckets:
+            for index in range(len(bucket.params)):
+                bucket.attach(index)
+
     def launch(self) -> None:
         """Start every bucket not started yet, in order (after backward, before `wait`)."""
         with self._lock:

@@ -20,7 +20,9 @@ class BalancedLoader(DataLoader):
     """A DataLoader over this rank's shares, which also knows each step's gradient weight.
 
     Iterate it like any DataLoader. While iterating, `weight` holds the current step's
-    b_i / B_step, the factor to pass to `sync_gradients`. `step_weights` lists them all.
+    b_i / B_step, the factor to pass to `sync_gradients` (`step_weights` lists them all);
+    `samples` and `global_samples` hold b_i and B_step themselves, and `batches` counts the
+    batches handed out since the loader was made (`BalancedDataParallel` reads all four).
 
     A rank whose share is zero (`empty`) still yields one batch per step, so it takes the
     same steps as the others: a batch of zero samples shaped like a real one. Skip forward
@@ -33,6 +35,9 @@ class BalancedLoader(DataLoader):
     def __init__(self, dataset: Dataset, batch_sampler: BalancedBatchSampler, **kwargs: Any):
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.weight: float = batch_sampler.step_weights[0]
+        self.samples: int = 0
+        self.global_samples: int = 0
+        self.batches: int = 0
         self._empty_batch: Any = None
 
     @property
@@ -60,18 +65,24 @@ class BalancedLoader(DataLoader):
         return sampler.plan.batch_sizes[sampler.rank] == 0
 
     def __iter__(self) -> Iterator[Any]:
-        weights = self.step_weights
+        schedule = self.batch_sampler.schedule
+        rank = self.batch_sampler.rank
         if self.empty:
             # No indices to fetch, and no worker processes to start for nothing.
-            for _ in weights:
-                self.weight = 0.0
+            for start, stop, _ in schedule:
+                self._at(0.0, 0, stop - start)
                 yield self.empty_batch()
             return
         # Workers prefetch ahead of the consumer, so the weight follows the batches
         # handed out, not the sampler's position.
-        for step, batch in enumerate(super().__iter__()):
-            self.weight = weights[step]
+        for (start, stop, shares), batch in zip(schedule, super().__iter__(), strict=False):
+            self._at(shares[rank] / (stop - start), shares[rank], stop - start)
             yield batch
+
+    def _at(self, weight: float, samples: int, global_samples: int) -> None:
+        """The step whose batch is handed out next."""
+        self.weight, self.samples, self.global_samples = weight, samples, global_samples
+        self.batches += 1
 
     def empty_batch(self) -> Any:
         """A batch of zero samples with the shapes and types of a real one."""

@@ -22,6 +22,7 @@ from torch import nn
 from lbtrain.comm import Communicator
 from lbtrain.data import balanced_loader
 from lbtrain.emulation import slowdown_schedule
+from lbtrain.evaluation import evaluate, predict
 from lbtrain.outputs import atomic_write_text
 from lbtrain.profiling import build_report, format_report
 from lbtrain.profiling.record import profiles_to_dict
@@ -33,7 +34,6 @@ from lbtrain.trainer.checkpoint import (
     save_checkpoint,
 )
 from lbtrain.trainer.config import TrainConfig, save_toml
-from lbtrain.trainer.evaluate import evaluate, predict
 from lbtrain.trainer.loop import EpochRecord, FitResult, StopSignal, fit
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
 from lbtrain.trainer.planning import make_plan, plan_notes

@@ -33,7 +33,7 @@ from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.devices import synchronize
 from lbtrain.emulation import Slowdown, rank_cpu_time
-from lbtrain.gradients import GradientSync
+from lbtrain.parallel import BalancedDataParallel
 from lbtrain.session import CollectiveError
 from lbtrain.trainer.progress import Progress
 from lbtrain.trainer.replan import predicted_steps, propose, refreshed
@@ -208,7 +208,11 @@ def fit(
 
     history: list[EpochRecord] = []
     model.train()
-    gradients = GradientSync(model, comm, overlap=overlap)
+    # The wrapper a user's own loop uses: one path from the loader to the update. Its wait
+    # comes after the control allreduce (sync_in_backward=False), see the module docstring.
+    parallel = BalancedDataParallel(
+        model, comm, loader, overlap=overlap, sync_in_backward=False, weighting=weighting
+    )
     try:
         for epoch in range(start_epoch, epochs):
             loader.set_epoch(epoch)
@@ -232,24 +236,21 @@ def fit(
                     continue
                 weight = loader.weight
                 value, correct = 0.0, 0.0
-                # Zeroes the gradients (the optimizer's zero_grad) and arms the overlap. The
-                # weight rides on the loss, which is free, instead of one pass over every
-                # bucket (benchmark 2 in BENCHMARKS.md).
-                grad_weight = weight if weighting == "share" else 1.0 / comm.size
-                gradients.begin(grad_weight, prescaled=True)
+                # The weight rides on the outputs' gradient, which is free, instead of one
+                # pass over every bucket (benchmark 2 in BENCHMARKS.md).
+                parallel.zero_grad()
                 if not loader.empty:  # a zero share computes nothing and adds zeros in the sync
                     with slowdown.step(synchronize=sync_device, cpu_timer=cpu_timer):
                         inputs, targets = inputs.to(device), targets.to(device)
-                        outputs = model(inputs)
+                        outputs = parallel(inputs)
                         loss = loss_fn(outputs, targets)
-                        (loss * grad_weight).backward()
+                        loss.backward()
                     value = float(loss.detach())
                     correct = float((outputs.detach().argmax(1) == targets).sum())
-                # With overlap, the buckets not started from backward (parameters without a
-                # gradient this step, a rank with no samples) start before the control
-                # allreduce, so every rank starts its collectives in the same order.
-                if overlap:
-                    gradients.launch()
+                # The buckets not started from backward (parameters without a gradient this
+                # step, a rank with no samples) start before the control allreduce, so every
+                # rank starts its collectives in the same order.
+                parallel.launch()
                 computed = time.perf_counter()
                 finite = math.isfinite(value)
                 # [weighted loss, correct, non-finite ranks, SIGINTs, SIGTERMs, samples]
@@ -266,14 +267,14 @@ def fit(
                 comm.allreduce_sum_(control)
                 waited = time.perf_counter()
                 if control[2]:
-                    gradients.wait()  # no collective left in flight on the way out
+                    parallel.finish()  # no collective left in flight on the way out
                     raise TrainingDiverged(
                         f"the training loss became {value if not finite else 'non-finite'} at "
                         f"epoch {epoch + 1}, step {step + 1} (on {int(control[2])} rank(s)); "
                         "lower the learning rate (--lr), or check the data for NaN or infinite "
                         "values; earlier checkpoints are kept"
                     )
-                gradients.wait()
+                parallel.finish()
                 synced = time.perf_counter()
                 with slowdown.step(synchronize=sync_device, cpu_timer=cpu_timer):
                     optimizer.step()
@@ -328,7 +329,7 @@ def fit(
                 after_epoch(record, global_step)
         return FitResult(epochs, 0, global_step, history)
     finally:
-        gradients.close()  # the hooks go; the gradients stay views of its buckets
+        parallel.gradients.close()  # the hooks go; the gradients stay views of its buckets
 
 
 def _measured(record: EpochRecord) -> dict[str, float]:

@@ -14,6 +14,7 @@ from torch.utils.data import TensorDataset
 
 from lbtrain import SingleProcessCommunicator, balanced_loader
 from lbtrain.cli.train import build_config, translate
+from lbtrain.evaluation import evaluate, predict, share_bounds
 from lbtrain.outputs import atomic_write_text
 from lbtrain.trainer.checkpoint import (
     find_checkpoint,
@@ -22,7 +23,6 @@ from lbtrain.trainer.checkpoint import (
     save_checkpoint,
 )
 from lbtrain.trainer.config import TrainConfig, load_toml, save_toml
-from lbtrain.trainer.evaluate import evaluate, predict, share_bounds
 from lbtrain.trainer.loop import StopSignal, TrainingDiverged, fit
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
 from lbtrain.trainer.progress import Progress

@@ -1,0 +1,12 @@
+"""A user's own training loop, balanced and exact: the DDP-shaped wrapper and its planning.
+
+plan = plan_for(model, loss_fn, sample, comm, global_batch=256)
+loader = balanced_loader(plan, dataset, rank=comm.rank)
+model = BalancedDataParallel(model, comm, loader)
+"""
+
+from lbtrain.parallel.layout import ModelMismatch, check_same_model
+from lbtrain.parallel.planning import plan_for
+from lbtrain.parallel.wrapper import BalancedDataParallel
+
+__all__ = ["BalancedDataParallel", "ModelMismatch", "check_same_model", "plan_for"]

@@ -1,0 +1,144 @@
+"""`plan_for`: profile this rank's real model on its device, then plan together."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from lbtrain.balancer import BalancePlan, plan_batches
+from lbtrain.balancer.checks import whole
+from lbtrain.comm import Communicator
+from lbtrain.emulation import Slowdown
+from lbtrain.profiling import ProfileConfig, ReplicaProfile, comm_cost, profile_all
+from lbtrain.session import agree
+
+__all__ = ["plan_for", "tile_batch"]
+
+POLICIES = ("equal", "proportional", "cost")
+
+
+def tile_batch(sample: Any, size: int, device: torch.device | str) -> Any:
+    """A batch of `size` rows made by repeating the rows of `sample`, on `device`."""
+    if isinstance(sample, torch.Tensor):
+        rows = torch.arange(size) % sample.shape[0]
+        return sample[rows.to(sample.device)].to(device)
+    if isinstance(sample, dict):
+        return {key: tile_batch(value, size, device) for key, value in sample.items()}
+    if isinstance(sample, tuple) and hasattr(sample, "_fields"):  # a namedtuple
+        return type(sample)(*(tile_batch(value, size, device) for value in sample))
+    if isinstance(sample, list | tuple):
+        return type(sample)(tile_batch(value, size, device) for value in sample)
+    return sample
+
+
+def _rows(sample: Any) -> int | None:
+    if isinstance(sample, torch.Tensor):
+        return int(sample.shape[0]) if sample.dim() else 0
+    if isinstance(sample, dict):
+        sample = list(sample.values())
+    if isinstance(sample, list | tuple):
+        counts = [_rows(value) for value in sample]
+        counts = [c for c in counts if c is not None]
+        return min(counts) if counts else None
+    return None
+
+
+def plan_for(
+    model: nn.Module,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    sample: tuple[Any, Any],
+    comm: Communicator,
+    global_batch: int,
+    policy: str = "cost",
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    caps: Sequence[int | None] | None = None,
+    min_batch: int = 0,
+    time_budget: float = 10.0,
+    slowdown: float = 1.0,
+    profiles: list[ReplicaProfile] | None = None,
+) -> BalancePlan:
+    """Measure how fast this rank trains `model`, and plan the global batch; collective.
+
+    Every rank times training steps of its own model on its own device (a ladder of batch
+    sizes made from `sample`), the ranks share what they measured and the sync time of the
+    model's gradients, and every rank gets the same plan. The model and optimizer are left
+    as found.
+
+    Args:
+        model: the model, on this rank's device, the same on every rank.
+        loss_fn: mean-reduced loss on (outputs, targets).
+        sample: one batch (inputs, targets) with at least one row, as the loader yields it;
+            larger batches repeat its rows.
+        comm: the job's communicator.
+        global_batch: B, the samples of one global batch.
+        policy: "cost" (fixed and per-sample cost, and the sync), "proportional" or "equal".
+        optimizer: the optimizer training will use (its step is timed); default plain SGD.
+        caps: largest batch per rank (memory); combined with the cap profiling finds.
+        min_batch: smallest share a rank may get (0 lets `cost` idle a rank it cannot use).
+        time_budget: seconds each rank spends profiling, about.
+        slowdown: emulated slowdown of this rank (a testing aid; 1 = none).
+        profiles: earlier profiles (`lbtrain.load_profiles`) to plan from instead of measuring.
+
+    Returns:
+        The BalancePlan; pass it to `balanced_loader`.
+    """
+
+    def check() -> int:
+        try:
+            whole("global_batch", global_batch, low=1)
+        except TypeError as exc:  # the same on every rank, but agree() passes only these on
+            raise ValueError(str(exc)) from None
+        if policy not in POLICIES:
+            raise ValueError(f"policy={policy!r} must be one of {', '.join(POLICIES)}")
+        if not isinstance(model, nn.Module):
+            raise ValueError(f"model={model!r:.60} is not an nn.Module")
+        rows = _rows(sample)
+        if not rows:
+            raise ValueError(
+                "sample must be one batch (inputs, targets) with at least one row, e.g. "
+                "next(iter(DataLoader(dataset, batch_size=8)))"
+            )
+        return rows
+
+    agree(comm, check)
+    if profiles is None:
+        reference = max(1, global_batch // comm.size)
+        config = ProfileConfig(
+            min_batch=min(4, reference),
+            max_batch=max(16, 2 * reference),
+            time_budget=time_budget,
+            reference_batch=reference,
+        )
+        device = next(model.parameters()).device
+        optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.0)
+
+        def make_batch(size: int, where: torch.device) -> tuple[Any, Any]:
+            inputs, targets = sample
+            return tile_batch(inputs, size, where), tile_batch(targets, size, where)
+
+        profiles = profile_all(
+            comm,
+            model,
+            optimizer,
+            loss_fn,
+            make_batch,
+            device=device,
+            config=config,
+            slowdown=Slowdown(slowdown),
+        )
+    measured = profiles
+    return agree(
+        comm,
+        lambda: plan_batches(
+            measured,
+            global_batch,
+            policy,
+            caps=caps,
+            min_batch=min_batch,
+            comm=comm_cost(measured),
+        ),
+    )

@@ -1,0 +1,130 @@
+"""A user's loop with `BalancedDataParallel` must make exactly the updates of one process.
+
+Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/wrapper_exactness.py 5,11,48[:MODE] ...
+     torchrun --nproc-per-node 3 tests/mpi/scripts/wrapper_exactness.py 20,0,44:accumulate
+(or `mismatch`, whose ranks build models that differ in one layer: every rank must raise
+ModelMismatch naming it). The loop is the plain DDP one, `loss_fn(model(x), y).backward()`
+and `optimizer.step()`, with no branch for a zero share. MODE: "overlap" (the default),
+"plain" (no overlap) or "accumulate" (two loader batches per optimizer step, under
+`no_sync`). A second wrapper with weighting="uniform" (DDP's 1/P) is trained alongside and
+must visibly miss, which shows the comparison can fail.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from lbtrain import BalancedDataParallel, ModelMismatch, balanced_loader, world_communicator
+from lbtrain.balancer import BalancePlan, ReplicaSpeed
+from lbtrain.comm import Communicator
+from lbtrain.data import epoch_schedule
+from tests.mpi.scripts.exactness import (
+    EPOCHS,
+    NUM_SAMPLES,
+    flat_params,
+    make_model,
+    make_optimizer,
+)
+
+MODES = ("overlap", "plain", "accumulate")
+
+
+def _plan(sizes: list[int]) -> BalancePlan:
+    speeds = tuple(ReplicaSpeed(float(max(s, 1))) for s in sizes)
+    return BalancePlan("cost", sum(sizes), tuple(sizes), speeds)
+
+
+def check(comm: Communicator, sizes: list[int], mode: str = "overlap") -> str:
+    """Train the wrapped, naive and reference models on `comm`; assert; a line saying so."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
+    if len(sizes) != comm.size:
+        raise ValueError(f"{len(sizes)} batch sizes given for {comm.size} ranks")
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(42)
+    inputs = torch.randn(NUM_SAMPLES, 8, dtype=torch.float64, generator=generator)
+    targets = torch.randint(0, 4, (NUM_SAMPLES,), generator=generator)
+    plan = _plan(sizes)
+    loader = balanced_loader(plan, TensorDataset(inputs, targets), rank=comm.rank, seed=5)
+
+    # Rank 0's initial weights win: the other ranks start from other seeds on purpose.
+    models = [make_model() for _ in range(3)]
+    if comm.rank:
+        with torch.no_grad():
+            for model in models[:2]:
+                for p in model.parameters():
+                    p.add_(comm.rank)
+    overlap = mode != "plain"
+    exact = BalancedDataParallel(models[0], comm, loader, overlap=overlap, bucket_mb=0.001)
+    naive = BalancedDataParallel(models[1], comm, loader, overlap=overlap, weighting="uniform")
+    reference = models[2]
+    optimizers = [make_optimizer(m) for m in models]
+    loss_fn = nn.CrossEntropyLoss()
+    every = 2 if mode == "accumulate" else 1
+
+    for epoch in range(EPOCHS):
+        loader.set_epoch(epoch)
+        for step, (x, y) in enumerate(loader):
+            last = (step + 1) % every == 0 or step + 1 == len(loader)
+            for model, optimizer in zip((exact, naive), optimizers, strict=False):
+                if step % every == 0:
+                    optimizer.zero_grad()
+                if last:
+                    loss_fn(model(x), y).backward()
+                    optimizer.step()
+                else:
+                    with model.no_sync():
+                        loss_fn(model(x), y).backward()
+        perm = loader.batch_sampler.permutation()
+        schedule = epoch_schedule(NUM_SAMPLES, plan)
+        for first in range(0, len(schedule), every):
+            group = schedule[first : first + every]
+            batch = perm[group[0][0] : group[-1][1]]
+            optimizers[2].zero_grad()
+            loss_fn(reference(inputs[batch]), targets[batch]).backward()
+            optimizers[2].step()
+
+    exact_diff = (flat_params(models[0]) - flat_params(reference)).abs().max().item()
+    naive_diff = (flat_params(models[1]) - flat_params(reference)).abs().max().item()
+    sums = comm.allgather(flat_params(models[0]).sum().item())
+    assert exact_diff < 1e-10, f"rank {comm.rank}: the wrapper differs by {exact_diff:.3e}"
+    assert naive_diff > 1e-3, f"rank {comm.rank}: naive 1/P average matched ({naive_diff:.3e})"
+    assert max(sums) == min(sums), f"ranks disagree on parameters: {sums}"
+    return (
+        f"wrapper exactness ok: ranks={comm.size} batch_sizes={sizes} mode={mode} "
+        f"max|diff|={exact_diff:.2e} naive 1/P max|diff|={naive_diff:.2e}"
+    )
+
+
+def mismatch(comm: Communicator) -> str:
+    """Rank 1 builds a wider hidden layer; every rank must refuse, naming the parameter."""
+    width = 33 if comm.rank == 1 else 32
+    model = nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, 4))
+    dataset = TensorDataset(torch.zeros(8, 8))
+    loader = balanced_loader(_plan([4] * comm.size), dataset, rank=comm.rank)
+    try:
+        BalancedDataParallel(model, comm, loader)
+    except ModelMismatch as exc:
+        return str(exc)
+    raise AssertionError("models that differ were accepted")
+
+
+def main() -> None:
+    comm = world_communicator()
+    for case in sys.argv[1:]:
+        if case == "mismatch":
+            line = mismatch(comm)
+            print(f"rank {comm.rank}: {line}", flush=True)
+            raise SystemExit(3)
+        sizes, _, mode = case.partition(":")
+        line = check(comm, [int(s) for s in sizes.split(",")], mode or "overlap")
+        if comm.rank == 0:
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""`BalancedDataParallel` and `plan_for` on in-process ranks: exactness, checks, buffers.
+
+tests/mpi/test_wrapper.py runs the same exactness check under mpiexec (real MPI ranks).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from lbtrain import BalancedDataParallel, ModelMismatch, balanced_loader, plan_batches, plan_for
+from lbtrain.comm import SingleProcessCommunicator, run_ranks
+from lbtrain.session import CollectiveError
+from tests.mpi.scripts.wrapper_exactness import check, mismatch
+from tests.unit.test_profiling import _profile
+
+
+def _values(results):
+    for result in results:
+        if result.error is not None:
+            raise result.error
+    return [result.value for result in results]
+
+
+@pytest.mark.parametrize("mode", ["overlap", "plain", "accumulate"])
+@pytest.mark.parametrize("sizes", [[5, 11, 48], [20, 0, 44], [1, 30]])
+def test_a_users_loop_matches_one_process_and_the_naive_average_does_not(sizes, mode):
+    lines = _values(run_ranks(len(sizes), lambda comm: check(comm, sizes, mode), timeout=60))
+    assert lines[0].startswith("wrapper exactness ok")
+
+
+def test_models_that_differ_are_refused_on_every_rank_naming_the_parameter():
+    messages = _values(run_ranks(3, mismatch, timeout=30))
+    assert len(set(messages)) == 1
+    assert "'0.weight'" in messages[0] and "(33, 8)" in messages[0] and "(32, 8)" in messages[0]
+
+
+def _toy(n: int = 16) -> TensorDataset:
+    return TensorDataset(torch.randn(n, 4), torch.randint(0, 2, (n,)))
+
+
+def _run_all(size: int, work):
+    """Each rank's exception, caught on the rank (an uncaught one would abort the others)."""
+
+    def caught(comm):
+        try:
+            work(comm)
+        except Exception as exc:  # noqa: BLE001 - the test judges it
+            return exc
+        return None
+
+    return _values(run_ranks(size, caught, timeout=30))
+
+
+def test_a_loader_planned_for_another_world_size_is_one_error_on_every_rank():
+    def work(comm):
+        loader = balanced_loader([1.0, 1.0, 1.0], _toy(), global_batch_size=6, rank=comm.rank)
+        BalancedDataParallel(nn.Linear(4, 2), comm, loader)
+
+    errors = _run_all(2, work)
+    assert all(isinstance(e, CollectiveError) for e in errors), errors
+    assert "plan is for 3 ranks but the job has 2" in str(errors[0])
+
+
+def test_a_loader_built_for_another_rank_is_named():
+    def work(comm):
+        loader = balanced_loader([1.0, 1.0], _toy(), global_batch_size=4, rank=0)
+        BalancedDataParallel(nn.Linear(4, 2), comm, loader)
+
+    errors = _run_all(2, work)
+    assert all(isinstance(e, CollectiveError) for e in errors), errors
+    assert "rank 1: loader was built for rank 0 on rank 1" in str(errors[0])
+
+
+def _bn_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
+
+
+@pytest.mark.parametrize("broadcast", [True, False])
+def test_buffers_are_one_state_after_each_step_from_the_largest_share(broadcast):
+    plan = plan_batches([2.0, 10.0, 4.0], 16, "proportional")
+
+    def work(comm):
+        loader = balanced_loader(plan, _toy(64), rank=comm.rank, seed=comm.rank)
+        model = BalancedDataParallel(_bn_model(), comm, loader, broadcast_buffers=broadcast)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        return model.module[1].running_mean.clone(), int(model.module[1].num_batches_tracked)
+
+    states = _values(run_ranks(3, work, timeout=60))
+    same = all(torch.equal(states[0][0], s[0]) for s in states)
+    assert same == broadcast  # without the copy, each rank keeps its own statistics
+    assert states[0][1] == 4  # 64 samples / 16 per global batch
+
+
+def test_a_rank_that_skips_backward_is_told_at_its_next_batch():
+    loader = balanced_loader([1.0], _toy(8), global_batch_size=4, rank=0)
+    model = BalancedDataParallel(nn.Linear(4, 2), SingleProcessCommunicator(), loader)
+    batches = iter(loader)
+    x, _ = next(batches)
+    model(x)  # no backward
+    x, _ = next(batches)
+    with pytest.raises(RuntimeError, match="every rank must run forward and backward"):
+        model(x)
+
+
+def test_evaluation_sums_over_ranks():
+    from lbtrain.evaluation import ConfusionEvaluator
+
+    data = _toy(40)
+    plan = plan_batches([1.0, 3.0], 8, "proportional")
+
+    def work(comm):
+        loader = balanced_loader(plan, data, rank=comm.rank)
+        model = BalancedDataParallel(nn.Linear(4, 2), comm, loader)
+        return model.evaluate(data, ConfusionEvaluator(2))["total"]
+
+    assert _values(run_ranks(2, work, timeout=30)) == [40, 40]
+
+
+def test_plan_for_plans_from_given_profiles_the_same_on_every_rank():
+    # A rank three times slower per sample gets fewer samples.
+    profiles = [_profile(0, beta=0.001), _profile(1, beta=0.003, step_times=(0.04, 0.07))]
+    model, sample = nn.Linear(4, 2), (torch.randn(2, 4), torch.zeros(2, dtype=torch.long))
+
+    def work(comm):
+        plan = plan_for(model, nn.CrossEntropyLoss(), sample, comm, 64, "proportional",
+                        profiles=profiles)  # fmt: skip
+        return plan.batch_sizes
+
+    plans = _values(run_ranks(2, work, timeout=30))
+    assert plans[0] == plans[1] and sum(plans[0]) == 64 and plans[0][0] > plans[0][1]
+
+
+def test_plan_for_profiles_the_real_model_on_every_rank():
+    sample = (torch.randn(3, 4), torch.zeros(3, dtype=torch.long))
+
+    def work(comm):
+        torch.set_num_threads(1)
+        model = nn.Linear(4, 2)
+        plan = plan_for(model, nn.CrossEntropyLoss(), sample, comm, 32, time_budget=0.2)
+        return plan.batch_sizes, plan.policy
+
+    plans = _values(run_ranks(2, work, timeout=60))
+    assert plans[0] == plans[1] and sum(plans[0][0]) == 32 and plans[0][1] == "cost"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"global_batch": 0}, "global_batch=0 is invalid"),
+        ({"global_batch": 2.5}, "global_batch=2.5"),
+        ({"policy": "fast"}, "policy='fast' must be one of"),
+        ({"sample": (torch.zeros(0, 4), torch.zeros(0))}, "sample must be one batch"),
+    ],
+)
+def test_plan_for_refuses_bad_arguments_before_profiling(kwargs, message):
+    arguments = {
+        "model": nn.Linear(4, 2),
+        "loss_fn": nn.CrossEntropyLoss(),
+        "sample": (torch.zeros(2, 4), torch.zeros(2, dtype=torch.long)),
+        "comm": SingleProcessCommunicator(),
+        "global_batch": 8,
+    } | kwargs
+    with pytest.raises(CollectiveError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_for(**arguments)
