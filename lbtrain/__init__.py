@@ -24,6 +24,8 @@ _EXPORTS = {
     "BalancedLoader": "lbtrain.data",
     "balanced_loader": "lbtrain.data",
     "sync_gradients": "lbtrain.gradients",
+    "WeightedHookState": "lbtrain.ddp_hook",
+    "weighted_allreduce_hook": "lbtrain.ddp_hook",
     "ReplicaProfile": "lbtrain.profiling",
     "profile_all": "lbtrain.profiling",
     "profile_replica": "lbtrain.profiling",

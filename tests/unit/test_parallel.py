@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from lbtrain import BalancedDataParallel, ModelMismatch, balanced_loader, plan_batches, plan_for
+from lbtrain import BalancedDataParallel, balanced_loader, plan_batches, plan_for
 from lbtrain.comm import SingleProcessCommunicator, run_ranks
 from lbtrain.session import CollectiveError
 from tests.mpi.scripts.wrapper_exactness import check, mismatch
@@ -170,3 +170,12 @@ def test_plan_for_refuses_bad_arguments_before_profiling(kwargs, message):
     } | kwargs
     with pytest.raises(CollectiveError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan_for(**arguments)
+
+
+def test_the_ddp_hook_state_wants_a_balanced_loader():
+    from torch.utils.data import DataLoader
+
+    from lbtrain import WeightedHookState
+
+    with pytest.raises(ValueError, match="is not a BalancedLoader"):
+        WeightedHookState(DataLoader(_toy()))

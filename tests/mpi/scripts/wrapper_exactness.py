@@ -3,7 +3,10 @@
 Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/wrapper_exactness.py 5,11,48[:MODE] ...
      torchrun --nproc-per-node 3 tests/mpi/scripts/wrapper_exactness.py 20,0,44:accumulate
 (or `mismatch`, whose ranks build models that differ in one layer: every rank must raise
-ModelMismatch naming it). The loop is the plain DDP one, `loss_fn(model(x), y).backward()`
+ModelMismatch naming it). Mode "ddp-hook" trains stock DistributedDataParallel with
+`weighted_allreduce_hook` instead of the wrapper, over torch.distributed (gloo): the job's
+process group under torchrun, else one made for the check from a file both ranks see.
+The loop is the plain DDP one, `loss_fn(model(x), y).backward()`
 and `optimizer.step()`, with no branch for a zero share. MODE: "overlap" (the default),
 "plain" (no overlap) or "accumulate" (two loader batches per optimizer step, under
 `no_sync`). A second wrapper with weighting="uniform" (DDP's 1/P) is trained alongside and
@@ -13,6 +16,8 @@ must visibly miss, which shows the comparison can fail.
 from __future__ import annotations
 
 import sys
+import tempfile
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -30,7 +35,8 @@ from tests.mpi.scripts.exactness import (
     make_optimizer,
 )
 
-MODES = ("overlap", "plain", "accumulate")
+_STORES: list[str] = []  # files of process groups made here, removed at the end
+MODES = ("overlap", "plain", "accumulate", "ddp-hook")
 
 
 def _plan(sizes: list[int]) -> BalancePlan:
@@ -59,8 +65,11 @@ def check(comm: Communicator, sizes: list[int], mode: str = "overlap") -> str:
                 for p in model.parameters():
                     p.add_(comm.rank)
     overlap = mode != "plain"
-    exact = BalancedDataParallel(models[0], comm, loader, overlap=overlap, bucket_mb=0.001)
-    naive = BalancedDataParallel(models[1], comm, loader, overlap=overlap, weighting="uniform")
+    if mode == "ddp-hook":
+        exact, naive = _ddp_models(comm, models, loader)
+    else:
+        exact = BalancedDataParallel(models[0], comm, loader, overlap=overlap, bucket_mb=0.001)
+        naive = BalancedDataParallel(models[1], comm, loader, overlap=overlap, weighting="uniform")
     reference = models[2]
     optimizers = [make_optimizer(m) for m in models]
     loss_fn = nn.CrossEntropyLoss()
@@ -73,7 +82,7 @@ def check(comm: Communicator, sizes: list[int], mode: str = "overlap") -> str:
             for model, optimizer in zip((exact, naive), optimizers, strict=False):
                 if step % every == 0:
                     optimizer.zero_grad()
-                if last:
+                if last or mode == "ddp-hook":
                     loss_fn(model(x), y).backward()
                     optimizer.step()
                 else:
@@ -100,6 +109,25 @@ def check(comm: Communicator, sizes: list[int], mode: str = "overlap") -> str:
     )
 
 
+def _ddp_models(comm: Communicator, models: list[nn.Module], loader) -> tuple[nn.Module, ...]:
+    """Stock DDP with lbtrain's hook, and stock DDP with its own 1/P average."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from lbtrain import WeightedHookState, weighted_allreduce_hook
+
+    if not dist.is_initialized():
+        # Under mpiexec: a gloo group beside MPI, met through a file every rank can see.
+        path = comm.bcast(tempfile.mkstemp(prefix="lbtrain-ddp-")[1] if comm.rank == 0 else None)
+        _STORES.append(path)
+        dist.init_process_group(
+            "gloo", init_method=f"file://{path}", rank=comm.rank, world_size=comm.size
+        )
+    exact = DistributedDataParallel(models[0], bucket_cap_mb=0.001)
+    exact.register_comm_hook(WeightedHookState(loader), weighted_allreduce_hook)
+    return exact, DistributedDataParallel(models[1])
+
+
 def mismatch(comm: Communicator) -> str:
     """Rank 1 builds a wider hidden layer; every rank must refuse, naming the parameter."""
     width = 33 if comm.rank == 1 else 32
@@ -124,6 +152,13 @@ def main() -> None:
         line = check(comm, [int(s) for s in sizes.split(",")], mode or "overlap")
         if comm.rank == 0:
             print(line, flush=True)
+    if _STORES:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        comm.barrier()
+        if comm.rank == 0:
+            Path(_STORES[0]).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

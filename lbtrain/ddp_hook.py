@@ -1,0 +1,61 @@
+"""A DDP communication hook that weights each rank's gradient by its share of the batch.
+
+For people who keep stock `torch.nn.parallel.DistributedDataParallel`:
+
+    model = DistributedDataParallel(model)
+    loader = lbtrain.balanced_loader(plan, dataset, rank=dist.get_rank())
+    model.register_comm_hook(lbtrain.WeightedHookState(loader), lbtrain.weighted_allreduce_hook)
+
+DDP's own hook divides every bucket by the world size, which over-weights ranks with small
+batches; this one multiplies it by w_i = b_i / B (the loader's weight for the step) and
+sums, so the update is the one a single process makes on the whole global batch.
+"""
+
+# No `from __future__ import annotations` here: DDP's register_comm_hook compares the hook's
+# annotations with dist.GradBucket and Future[Tensor] themselves, and refuses strings.
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lbtrain.data import BalancedLoader
+
+__all__ = ["WeightedHookState", "weighted_allreduce_hook"]
+
+
+class WeightedHookState:
+    """What `weighted_allreduce_hook` reads: the loader (for the weight) and the group.
+
+    Args:
+        loader: this rank's `balanced_loader`; its `weight` is read at each bucket.
+        process_group: the DDP model's process group (default: the whole world).
+    """
+
+    def __init__(self, loader: BalancedLoader, process_group: Any = None) -> None:
+        if not isinstance(loader, BalancedLoader):
+            raise ValueError(
+                f"loader={type(loader).__name__} is not a BalancedLoader; build it with "
+                "lbtrain.balanced_loader(plan, dataset, rank=dist.get_rank())"
+            )
+        self.loader = loader
+        self.process_group = process_group
+
+
+def weighted_allreduce_hook(
+    state: WeightedHookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Multiply the bucket by this rank's b_i / B and sum it over ranks (a DDP comm hook).
+
+    A rank with a zero share still runs forward and backward on the empty batch its loader
+    gives it (DDP needs every rank's backward to fire every bucket); its bucket is zeroed
+    rather than multiplied by 0, because 0 * NaN is NaN, and a mean over no samples is NaN
+    whenever a layer divides by the batch.
+    """
+    buffer = bucket.buffer()
+    weight = state.loader.weight
+    if weight == 0:
+        buffer.zero_()
+    elif weight != 1:
+        buffer.mul_(weight)
+    work = dist.all_reduce(buffer, group=state.process_group, async_op=True)
+    return work.get_future().then(lambda future: future.value()[0])
