@@ -15,6 +15,7 @@ Cut = 1 - (time left to wait after backward with overlap) / (the same without). 
 holds the sync and any wait for the other rank's backward: both are what overlap can hide.
 
     .venv/bin/python scripts/bench_sync.py [--quick]
+    LBTRAIN_BENCH_DEVICES=cuda:0,cuda:0 .venv/bin/python scripts/bench_sync.py   # on a GPU
 """
 
 from __future__ import annotations
@@ -60,8 +61,12 @@ def _worker(rounds: int, batch: int, steps_only: bool) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     comm = world_communicator()
-    model = build_model("hybridsn", bands=30, num_classes=16, dropout=0.0)
-    inputs, targets = torch.randn(batch, 30, 25, 25), torch.randint(0, 16, (batch,))
+    # Each rank's device (LBTRAIN_BENCH_DEVICES=cuda:0,cuda:0 on a GPU machine); CPU default.
+    devices = os.environ.get("LBTRAIN_BENCH_DEVICES", "").split(",")
+    device = torch.device(devices[comm.rank] if comm.rank < len(devices) and devices[0] else "cpu")
+    model = build_model("hybridsn", bands=30, num_classes=16, dropout=0.0).to(device)
+    inputs = torch.randn(batch, 30, 25, 25, device=device)
+    targets = torch.randint(0, 16, (batch,), device=device)
     loss_fn = nn.CrossEntropyLoss()
     weight = 1.0 / comm.size
     syncs = {
@@ -82,6 +87,8 @@ def _worker(rounds: int, batch: int, steps_only: bool) -> None:
         sync = syncs[name]  # each owns the gradients while it steps
         sync.begin(weight, prescaled=True)  # as the trainer drives it
         (loss_fn(model(inputs), targets) * weight).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # backward's kernels are done: what is left is sync
         computed = time.perf_counter()
         if sync.overlap:
             sync.launch()

@@ -214,3 +214,36 @@ def test_resume_after_epoch_2_ends_exactly_where_one_go_does(tmp_path, one_go):
     )  # fmt: skip
     assert job.codes == [0, 0], job.output()
     assert not same(final_model(tmp_path / "forgetful"), one_go)
+
+
+def test_a_resumed_run_with_dropout_draws_the_masks_one_go_draws(tmp_path):
+    """Each rank's RNG is restored on resume, so dropout masks continue where they were.
+
+    One rank (threads share torch's global generator, so several in-process ranks would
+    interleave their draws); the same run without the saved RNG ends elsewhere.
+    """
+    from tests.fixtures.exact_runs import COMMON, max_difference, trained
+
+    args = [a for a in COMMON if a not in ("--dropout", "0", "--epochs", "2")]
+    args += ["--dropout", "0.5", "--plan", str(plan_file(tmp_path, [1.0]))]
+    # The schedule of a 1-epoch run would differ from a 2-epoch one; re-planning is timing.
+    args += ["--lr-schedule", "constant", "--replan", "off"]
+    job = lbtrain_ranks(1, *args, "--epochs", "2", "--out", str(tmp_path / "go"))
+    assert job.codes == [0], job.output()
+    job = lbtrain_ranks(1, *args, "--epochs", "1", "--out", str(tmp_path / "part"))
+    assert job.codes == [0], job.output()
+    saved = list_checkpoints(tmp_path / "part" / "checkpoints")[-1]
+    job = lbtrain_ranks(1, "train", "--resume", str(tmp_path / "part"), "--epochs", "2",
+                        "--quiet")  # fmt: skip
+    assert job.codes == [0], job.output()
+    one_go = trained(tmp_path / "go")[0]
+    assert max_difference(trained(tmp_path / "part")[0], one_go) == 0.0
+
+    # The comparison can fail: the same resume without the saved RNG state ends elsewhere.
+    checkpoint = load_checkpoint(saved)
+    checkpoint["rng"] = []
+    torch.save(checkpoint, tmp_path / "no-rng.pt")
+    job = lbtrain_ranks(1, "train", "--resume", str(tmp_path / "no-rng.pt"), "--epochs", "2",
+                        "--quiet", "--out", str(tmp_path / "no-rng"))  # fmt: skip
+    assert job.codes == [0], job.output()
+    assert max_difference(trained(tmp_path / "no-rng")[0], one_go) > 1e-6

@@ -1,16 +1,16 @@
 """A user's loop with `BalancedDataParallel` must make exactly the updates of one process.
 
-Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/wrapper_exactness.py 5,11,48[:MODE] ...
-     torchrun --nproc-per-node 3 tests/mpi/scripts/wrapper_exactness.py 20,0,44:accumulate
-(or `mismatch`, whose ranks build models that differ in one layer: every rank must raise
-ModelMismatch naming it). Mode "ddp-hook" trains stock DistributedDataParallel with
-`weighted_allreduce_hook` instead of the wrapper, over torch.distributed (gloo): the job's
-process group under torchrun, else one made for the check from a file both ranks see.
-The loop is the plain DDP one, `loss_fn(model(x), y).backward()`
-and `optimizer.step()`, with no branch for a zero share. MODE: "overlap" (the default),
-"plain" (no overlap) or "accumulate" (two loader batches per optimizer step, under
-`no_sync`). A second wrapper with weighting="uniform" (DDP's 1/P) is trained alongside and
-must visibly miss, which shows the comparison can fail.
+Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/wrapper_exactness.py CASE ...
+     torchrun --nproc-per-node 3 tests/mpi/scripts/wrapper_exactness.py CASE ...
+CASE is SHARES[:MODE][@DEVICES], e.g. 20,0,44:accumulate@cuda:0,cpu,cpu, or `mismatch`
+(ranks build models that differ in one layer: every rank must raise ModelMismatch naming
+it, and the job ends). The loop is the plain DDP one, `loss_fn(model(x), y).backward()` and
+`optimizer.step()`, with no branch for a zero share. MODE: "overlap" (the default), "plain"
+(no overlap), "accumulate" (two loader batches per optimizer step, under `no_sync`) or
+"ddp-hook" (stock DistributedDataParallel with `weighted_allreduce_hook`, over
+torch.distributed with gloo: the job's process group under torchrun, else one made for the
+check from a file every rank sees). A second model with DDP's 1/P average is trained
+alongside and must visibly miss, which shows the comparison can fail.
 """
 
 from __future__ import annotations
@@ -44,8 +44,14 @@ def _plan(sizes: list[int]) -> BalancePlan:
     return BalancePlan("cost", sum(sizes), tuple(sizes), speeds)
 
 
-def check(comm: Communicator, sizes: list[int], mode: str = "overlap") -> str:
-    """Train the wrapped, naive and reference models on `comm`; assert; a line saying so."""
+def check(
+    comm: Communicator, sizes: list[int], mode: str = "overlap", devices: list[str] | None = None
+) -> str:
+    """Train the wrapped, naive and reference models on `comm`; assert; a line saying so.
+
+    `devices` places each rank's trained models (e.g. cuda:0,cpu,cpu); the reference stays
+    on the CPU.
+    """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
     if len(sizes) != comm.size:
@@ -58,7 +64,10 @@ def check(comm: Communicator, sizes: list[int], mode: str = "overlap") -> str:
     loader = balanced_loader(plan, TensorDataset(inputs, targets), rank=comm.rank, seed=5)
 
     # Rank 0's initial weights win: the other ranks start from other seeds on purpose.
+    device = torch.device(devices[comm.rank] if devices else "cpu")
     models = [make_model() for _ in range(3)]
+    models[0].to(device)
+    models[1].to(device)
     if comm.rank:
         with torch.no_grad():
             for model in models[:2]:
@@ -78,6 +87,7 @@ def check(comm: Communicator, sizes: list[int], mode: str = "overlap") -> str:
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
         for step, (x, y) in enumerate(loader):
+            x, y = x.to(device), y.to(device)
             last = (step + 1) % every == 0 or step + 1 == len(loader)
             for model, optimizer in zip((exact, naive), optimizers, strict=False):
                 if step % every == 0:
@@ -97,14 +107,15 @@ def check(comm: Communicator, sizes: list[int], mode: str = "overlap") -> str:
             loss_fn(reference(inputs[batch]), targets[batch]).backward()
             optimizers[2].step()
 
-    exact_diff = (flat_params(models[0]) - flat_params(reference)).abs().max().item()
-    naive_diff = (flat_params(models[1]) - flat_params(reference)).abs().max().item()
-    sums = comm.allgather(flat_params(models[0]).sum().item())
+    exact_diff = (flat_params(models[0]).cpu() - flat_params(reference)).abs().max().item()
+    naive_diff = (flat_params(models[1]).cpu() - flat_params(reference)).abs().max().item()
+    sums = comm.allgather(flat_params(models[0]).cpu().sum().item())
     assert exact_diff < 1e-10, f"rank {comm.rank}: the wrapper differs by {exact_diff:.3e}"
     assert naive_diff > 1e-3, f"rank {comm.rank}: naive 1/P average matched ({naive_diff:.3e})"
     assert max(sums) == min(sums), f"ranks disagree on parameters: {sums}"
     return (
         f"wrapper exactness ok: ranks={comm.size} batch_sizes={sizes} mode={mode} "
+        f"devices={','.join(devices) if devices else 'cpu'} "
         f"max|diff|={exact_diff:.2e} naive 1/P max|diff|={naive_diff:.2e}"
     )
 
@@ -148,8 +159,14 @@ def main() -> None:
             line = mismatch(comm)
             print(f"rank {comm.rank}: {line}", flush=True)
             raise SystemExit(3)
+        case, _, devices = case.partition("@")
         sizes, _, mode = case.partition(":")
-        line = check(comm, [int(s) for s in sizes.split(",")], mode or "overlap")
+        line = check(
+            comm,
+            [int(s) for s in sizes.split(",")],
+            mode or "overlap",
+            devices.split(",") if devices else None,
+        )
         if comm.rank == 0:
             print(line, flush=True)
     if _STORES:

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU paths in one command, for whenever a machine with a CUDA GPU is at hand.
+#
+#   bash scripts/gpu_acceptance.sh [OUT_DIR]        (default: gpu-acceptance/<date-time>)
+#
+# Runs, each step logged to OUT_DIR/<step>.log:
+#   1. cuda-tests   the unit tests, with the CUDA ones that skip on a CPU machine (0 skips wanted)
+#   2. mixed-mpi    wrapper exactness on cuda:0,cpu,cpu against one process, under mpiexec
+#   3. mixed-torch  the same under torchrun (torch.distributed, gloo for a CPU+GPU mix)
+#   4. train        lbtrain train --devices cuda:0,cpu,cpu --policy cost on Indian Pines with
+#                   hybridsn: the balance report (zero shares expected for the CPUs) and the
+#                   measured against the predicted step
+#   5. sync-bench   scripts/bench_sync.py with both ranks on cuda:0
+# and writes OUT_DIR/summary.md: one table, a row per step (PASS / FAIL / SKIP and the
+# figures that matter). Paste it into BENCHMARKS.md. It never stops at the first failure:
+# the table says what failed, and the exit status is 1 if anything did.
+#
+# Needs: `make venv` (or a venv whose python holds torch with CUDA, mpi4py and the mpich
+# wheel: see "Installing on a cluster" in the README), and ../shared/datasets or network for
+# Indian Pines. Set PY to use another interpreter. GPU=cpu EPOCHS=1 runs every step on CPU
+# stand-ins (a dry run of the script itself on a machine without a GPU; it proves nothing
+# about the GPU paths).
+set -u
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+BIN=$(dirname "$PY")
+OUT=${1:-gpu-acceptance/$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT" || { echo "gpu_acceptance: cannot create $OUT" >&2; exit 2; }
+GPU=${GPU:-cuda:0}
+EPOCHS=${EPOCHS:-5}
+export OMP_NUM_THREADS=1 PYTHONPATH=.
+SUMMARY="$OUT/summary.md"
+FAILED=0
+ROWS=()
+
+row() {  # step, status, figures
+    ROWS+=("| $1 | $2 | $3 |")
+    echo "gpu_acceptance: $1: $2 $3"
+    [ "$2" = FAIL ] && FAILED=1
+    return 0
+}
+
+run_step() {  # name, timeout, command...: runs it, logs it, returns its status
+    local name=$1 limit=$2
+    shift 2
+    echo "gpu_acceptance: $name: $*" | tee "$OUT/$name.log"
+    timeout "$limit" "$@" >>"$OUT/$name.log" 2>&1
+}
+
+if [ "$GPU" = cpu ]; then
+    DEVICE_NAME="CPU stand-ins (GPU=cpu dry run)"
+elif ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    echo "gpu_acceptance: no CUDA device visible to $PY; nothing here can be checked" >&2
+    row "all" SKIP "no CUDA device"
+    printf '| step | result | figures |\n|---|---|---|\n%s\n' "${ROWS[@]}" >"$SUMMARY"
+    exit 1
+fi
+DEVICE_NAME=${DEVICE_NAME:-$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))')}
+
+# 1. The unit tests; the CUDA ones must run, not skip.
+if run_step cuda-tests 1200 "$PY" -m pytest -q -rs -p no:cacheprovider tests/unit; then
+    skips=$(grep -c "^SKIPPED" "$OUT/cuda-tests.log" || true)
+    passed=$(grep -Eo "[0-9]+ passed" "$OUT/cuda-tests.log" | tail -1)
+    row cuda-tests "$([ "$skips" = 0 ] && echo PASS || echo FAIL)" "$passed, $skips skipped"
+else
+    row cuda-tests FAIL "$(tail -1 "$OUT/cuda-tests.log")"
+fi
+
+# 2-3. Mixed cuda:0,cpu,cpu exactness against one process, on both engines.
+CASES=(20,0,44:overlap@$GPU,cpu,cpu 5,11,48:plain@$GPU,cpu,cpu 5,11,48:accumulate@$GPU,cpu,cpu)
+figures() { grep -Eo "mode=[a-z-]+ devices=[^ ]+ max\|diff\|=[^ ]+" "$1" | sed 's/ devices=[^ ]*//' | paste -sd ';' -; }
+if run_step mixed-mpi 600 "$BIN/mpiexec" -n 3 "$PY" -m mpi4py tests/mpi/scripts/wrapper_exactness.py "${CASES[@]}"; then
+    row mixed-mpi PASS "$(figures "$OUT/mixed-mpi.log")"
+else
+    row mixed-mpi FAIL "$(tail -1 "$OUT/mixed-mpi.log")"
+fi
+if run_step mixed-torch 600 "$BIN/torchrun" --standalone --nproc-per-node 3 tests/mpi/scripts/wrapper_exactness.py "${CASES[@]}"; then
+    row mixed-torch PASS "$(figures "$OUT/mixed-torch.log")"
+else
+    row mixed-torch FAIL "$(tail -1 "$OUT/mixed-torch.log")"
+fi
+
+# 4. The trainer on the mixed devices, with the cost policy.
+if run_step train 3000 "$BIN/mpiexec" -n 3 "$BIN/lbtrain" train --dataset indian_pines \
+    --model hybridsn --devices "$GPU,cpu,cpu" --policy cost --epochs "$EPOCHS" --out "$OUT/train-run"; then
+    summary="$OUT/train-run/summary.json"
+    row train PASS "$("$PY" - "$summary" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+sizes = [r["batch_size"] for r in s["ranks"]]
+m = s.get("metrics") or {}
+oa = m.get("oa", m.get("accuracy"))
+print(f"plan {sizes} of {s['global_batch']} ({s['policy']}); step measured "
+      f"{s['measured_step_seconds']:.3f} s, predicted {s['predicted_step_seconds']:.3f} s; "
+      f"OA {oa}")
+EOF
+)"
+else
+    row train FAIL "$(tail -1 "$OUT/train.log")"
+fi
+
+# 5. The sync benchmark with both ranks on the GPU.
+if LBTRAIN_BENCH_DEVICES=$GPU,$GPU run_step sync-bench 1200 "$PY" scripts/bench_sync.py --no-write; then
+    row sync-bench PASS "$(grep -E "sync_gradients / raw|overlap, 4 MiB buckets, test" "$OUT/sync-bench.log" | tr -s ' ' | paste -sd ';' -)"
+else
+    row sync-bench FAIL "$(tail -1 "$OUT/sync-bench.log")"
+fi
+
+{
+    echo "GPU acceptance on $DEVICE_NAME, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
+    echo
+    echo "| step | result | figures |"
+    echo "|---|---|---|"
+    printf '%s\n' "${ROWS[@]}"
+} >"$SUMMARY"
+cat "$SUMMARY"
+exit $FAILED
