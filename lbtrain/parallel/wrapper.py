@@ -126,8 +126,13 @@ class BalancedDataParallel(nn.Module):
             self._require_sync = previous
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
-        """The module's forward; in training (grad enabled) it also prepares the sync."""
-        if not torch.is_grad_enabled() or not self.gradients.buckets:
+        """The module's forward; in training (train mode, grad enabled) it prepares the sync.
+
+        In eval mode or under `torch.no_grad()` it is the module's forward alone, so an
+        evaluation between steps (even one that computes a loss) is not taken for a step.
+        """
+        training = self.module.training and torch.is_grad_enabled()
+        if not training or not self.gradients.buckets:
             return self.module(*inputs, **kwargs)
         self._count_batch()
         own = self.loader.samples

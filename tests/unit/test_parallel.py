@@ -110,6 +110,19 @@ def test_a_rank_that_skips_backward_is_told_at_its_next_batch():
         model(x)
 
 
+def test_an_eval_mode_forward_between_steps_is_not_a_step():
+    loader = balanced_loader([1.0], _toy(8), global_batch_size=4, rank=0)
+    model = BalancedDataParallel(nn.Linear(4, 2), SingleProcessCommunicator(), loader)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        model.eval()
+        nn.functional.cross_entropy(model(x), y)  # a validation loss, grad enabled
+        model.train()
+
+
 def test_evaluation_sums_over_ranks():
     from lbtrain.evaluation import ConfusionEvaluator
 
