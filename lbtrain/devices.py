@@ -2,7 +2,8 @@
 
 Each rank resolves `--devices` into one torch device and a thread count. The decisions need
 the rank's position on its node (local rank, ranks on the node), which come from one
-allgather of host names, so any Communicator works and no launcher variables are trusted.
+allgather of host names, so any Communicator works; the one launcher variable read is
+torchrun's LOCAL_RANK, for the GPU index, where it describes the job's communicator.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import os
 import re
 import socket
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
 from lbtrain.comm import Communicator
+from lbtrain.comm.launchers import torchrun_local_rank
 
 __all__ = [
     "DeviceAssignment",
@@ -201,7 +203,12 @@ def assign_devices(
     entries = parse_devices(devices, comm.size)
     if cuda_count is None:
         cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device = resolve_device(entries[comm.rank], layout, cuda_count)
+    # Under torchrun a rank's GPU is cuda:LOCAL_RANK, as in every torchrun script. It is the
+    # host-based local rank when one torchrun runs per host, and stays right where several
+    # share a host, each with its own CUDA_VISIBLE_DEVICES.
+    local = torchrun_local_rank(comm.rank, comm.size)
+    gpu_layout = layout if local is None else replace(layout, local_rank=local)
+    device = resolve_device(entries[comm.rank], gpu_layout, cuda_count)
     if threads is None:
         threads = default_threads(node_cores() if cores is None else cores, layout.local_size)
     elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:

@@ -144,6 +144,12 @@ def setup_replica(
     emulated = agree(comm, lambda: slowdown_for_rank(factors, comm.rank, comm.size))
     assignment = agree(comm, lambda: assign_devices(comm, devices, threads))
     assignment.apply()
+    # An engine whose transport depends on the devices (torch.distributed: NCCL only where
+    # every rank is on a GPU) chooses it now, before any tensor is sent; it raises the same
+    # error on every rank when its backend cannot run on them (NCCL with a CPU rank).
+    use_device = getattr(comm, "use_device", None)
+    if use_device is not None:
+        agree(comm, lambda: use_device(assignment.torch_device))
     return Replica(assignment, emulated)
 
 

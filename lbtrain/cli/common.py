@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
-from lbtrain.comm import Communicator
+from lbtrain.comm import BACKENDS, Communicator
 from lbtrain.outputs import writing
 from lbtrain.profiling import ProfileConfig, ReplicaProfile
 from lbtrain.session import (
@@ -25,6 +26,7 @@ __all__ = [
     "USER_ERRORS",
     "CLIError",
     "CollectiveError",
+    "add_backend_argument",
     "add_profiling_arguments",
     "agree",
     "check_plot_path",
@@ -142,6 +144,22 @@ def batch_size_list(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def add_backend_argument(group: Any, default: str = "auto") -> None:
+    """Add `--backend`: torch.distributed's transport of CUDA buffers under torchrun.
+
+    The communicator is built from it before the run starts (lbtrain.cli.main), so it is a
+    property of the launch, like the rank count, not a run setting saved in config.toml.
+    """
+    group.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=default,
+        help="under torchrun, how CUDA buffers travel: auto (NCCL where every rank is on a "
+        "GPU, else gloo), gloo, or nccl (every rank must be on a GPU); objects and CPU "
+        "buffers always go through gloo, and mpiexec jobs through MPI (default: auto)",
+    )
+
+
 def add_profiling_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options that control how each replica is profiled."""
     group = parser.add_argument_group("profiling")
@@ -161,6 +179,7 @@ def add_profiling_arguments(parser: argparse.ArgumentParser) -> None:
         "rank, else cpu), one entry for all ranks (cpu, cuda, cuda:K), or one entry per rank "
         "such as cpu,cpu,cuda:0,cuda:1",
     )
+    add_backend_argument(group)
     group.add_argument(
         "--threads",
         type=positive_int,

@@ -4,7 +4,8 @@ Kept apart from `lbtrain.cli.main` because malloc must be tuned before torch is 
 and importing `lbtrain.cli.main` imports torch (see lbtrain/malloc.py for why and by how
 much: one HybridSN CPU step went from 0.95 s to 0.39 s). Under an MPI launcher, MPI starts
 before torch too (lbtrain.comm.mpi.start_mpi says why: a rank interrupted before MPI_Init
-would leave the others waiting in it forever).
+would leave the others waiting in it forever). Under torchrun nothing starts early: the
+ranks meet only once torch is loaded, and torchrun's agent ends every worker when one ends.
 """
 
 from __future__ import annotations
@@ -31,9 +32,15 @@ def main() -> int:
         from lbtrain.malloc import tune_malloc
 
         tune_malloc()
-        from lbtrain.comm import launched_by_mpi
+        from lbtrain.comm.launchers import MPI, LauncherError, detect_launcher
 
-        if launched_by_mpi():
+        try:
+            launcher = detect_launcher()
+        except LauncherError as exc:
+            if launcher_rank() == 0:  # every rank finds the same: one says it
+                print(f"lbtrain: error: {exc}", file=sys.stderr, flush=True)
+            return 2
+        if launcher == MPI:
             from lbtrain.comm.mpi import start_mpi
 
             try:
@@ -53,12 +60,22 @@ def main() -> int:
 
 
 def _interrupted() -> int:
-    from lbtrain.comm import launched_by_mpi
+    from lbtrain.comm.launchers import MPI, TORCHRUN, LauncherError, detect_launcher
     from lbtrain.comm.mpi import abort_started, start_mpi
 
     rank = launcher_rank()
     try:
-        if launched_by_mpi():
+        launcher = detect_launcher()
+    except LauncherError:
+        launcher = None
+    if launcher == TORCHRUN:
+        # torchrun starts each worker in a session of its own, so a Ctrl-C reaches only
+        # torchrun, which sends it on to every worker: rank 0 says it for all of them.
+        if rank == 0:
+            print("lbtrain: interrupted", file=sys.stderr, flush=True)
+        return 130
+    try:
+        if launcher == MPI:
             # Ranks that were not interrupted wait for this one in MPI_Init: meet them there,
             # so that the abort below reaches them. Should a rank never get there (one that
             # died before lbtrain ran), the alarm's default action ends this rank instead,

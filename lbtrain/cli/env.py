@@ -13,15 +13,16 @@ import torch
 
 import lbtrain
 from lbtrain.cli.common import show_defaults
-from lbtrain.comm import Communicator, launched_by_mpi, mpi_library_info
+from lbtrain.comm import Communicator, detect_launcher, mpi_library_info
 from lbtrain.devices import default_threads, node_cores, node_layout
 
 __all__ = ["add_parser", "collect", "run"]
 
 DESCRIPTION = """\
-Print the versions of lbtrain, Python, torch, mpi4py and the MPI library, the CUDA devices,
-the world size, the ranks per host and the thread settings. Paste the output into bug
-reports. Run it under mpiexec to see every rank, e.g. `mpiexec -n 2 lbtrain env`.
+Print the versions of lbtrain, Python, torch, mpi4py and the MPI library, the launcher and
+its engine, the CUDA devices, the world size, the ranks per host and the thread settings.
+Paste the output into bug reports. Run it under the job's launcher to see every rank, e.g.
+`mpiexec -n 2 lbtrain env` or `torchrun --nproc-per-node 2 -m lbtrain env`.
 """
 
 
@@ -36,6 +37,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     show_defaults(parser)
     parser.set_defaults(run=run)
     return parser
+
+
+def launcher_line(comm: Communicator) -> str:
+    """Which launcher started the job and which engine carries it, for the report."""
+    launcher = detect_launcher()
+    if launcher == "mpi":
+        return "mpiexec (or srun): MPI"
+    if launcher == "torchrun":
+        backend = getattr(comm, "backend", "auto")
+        return (
+            "torchrun: torch.distributed, objects and CPU buffers over gloo, CUDA buffers by "
+            f"--backend {backend} (auto: NCCL where every rank is on a GPU, else gloo)"
+        )
+    return "none: one process"
+
+
+def _torch_engines() -> str:
+    dist = torch.distributed
+    if not dist.is_available():
+        return "not built into this torch"
+    engines = (("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()))
+    return ", ".join(f"{name} {'yes' if present else 'no'}" for name, present in engines)
 
 
 def _rank_facts(comm: Communicator) -> dict[str, object]:
@@ -71,7 +94,8 @@ def collect(comm: Communicator) -> list[tuple[str, str]]:
     ]
     items += list(mpi_library_info().items())
     items += [
-        ("launched by mpiexec", str(launched_by_mpi())),
+        ("launcher", launcher_line(comm)),
+        ("torch.distributed", _torch_engines()),
         ("world size", str(comm.size)),
         ("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "(unset)")),
         # MPICH's progress thread: lets gradient allreduces move while backward computes.
@@ -99,6 +123,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         width = max(len(label) for label, _ in items)
         for label, value in items:
             print(f"{label + ':':<{width + 1}} {value}")
-        if not launched_by_mpi():
-            print(f"(single process on {socket.gethostname()}; run under mpiexec to see ranks)")
+        if comm.size == 1:
+            print(
+                f"(single process on {socket.gethostname()}; run under mpiexec or torchrun to "
+                "see every rank)"
+            )
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import threading
 import time
@@ -17,7 +18,8 @@ import lbtrain
 from lbtrain.cli import balance_report, env, profile, train
 from lbtrain.cli.common import USER_ERRORS, CLIError, CollectiveError
 from lbtrain.cli.launcher import launcher_rank
-from lbtrain.comm import Communicator, world_communicator
+from lbtrain.comm import Communicator, launched_by_torchrun, world_communicator
+from lbtrain.comm.base import RankLost
 from lbtrain.trainer.loop import TrainingDiverged
 
 __all__ = ["build_parser", "main"]
@@ -72,6 +74,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 def _error(message: object, comm: Communicator | None = None) -> None:
     prefix = f"rank {comm.rank}: " if comm is not None and comm.size > 1 else ""
     text = " ".join(str(message).split())  # one line, whatever the exception text held
+    # The library names its parameter (lbtrain.comm.torchdist.choose_backend); the flag:
+    text = re.sub(r"\bbackend='(\w+)'", r"--backend \1", text)
     print(f"lbtrain: error: {prefix}{text}", file=sys.stderr, flush=True)
 
 
@@ -157,9 +161,10 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         return 2
     if comm is None:
         try:
-            comm = world_communicator()
-        except RuntimeError as exc:
-            _error(exc)
+            comm = world_communicator(getattr(args, "backend", "auto"))
+        except (RuntimeError, ValueError) as exc:
+            if launcher_rank() == 0:  # every rank finds the same: one says it
+                _error(exc)
             return 2
     try:
         with _one_line_warnings(), _named_stdout():
@@ -185,6 +190,11 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
     except KeyboardInterrupt:
         # Ctrl-C outside training steps (profiling, evaluation): no traceback, status 130.
         if comm.rank != 0:
+            if launched_by_torchrun():
+                # torchrun alone gets a terminal's Ctrl-C and sends it to every worker (each
+                # runs in a session of its own): rank 0 says it for all of them.
+                _abort(comm, 130)
+                return 130
             # Ctrl-C in a terminal reaches every rank: rank 0 says it once and ends the job,
             # which ends this rank during the pause. A rank interrupted alone says so after.
             time.sleep(_ALONE_AFTER)
@@ -192,6 +202,12 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         print(f"lbtrain: interrupted{where}", file=sys.stderr, flush=True)
         _abort(comm, 130)  # ranks not interrupted would wait in their next collective call
         return 130
+    except RankLost as exc:
+        # Another rank vanished without a word (torchrun: killed); this rank is the one of
+        # the survivors that says so (the others leave quietly), and the job ends.
+        _error(exc, comm)
+        _abort(comm, 1)
+        return 1
     except OSError as exc:
         if exc.filename == STDOUT:
             exc = CLIError(

@@ -15,7 +15,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from lbtrain.balancer import POLICIES
-from lbtrain.cli.common import non_negative_int, positive_float, positive_int
+from lbtrain.cli.common import (
+    add_backend_argument,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from lbtrain.comm import Communicator
 from lbtrain.session import agree, root_value
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
@@ -43,6 +48,7 @@ a single process would make. Then the test set is evaluated across ranks and the
 to --out. Without a launcher it is a one-process run.
 
   mpiexec -n 3 lbtrain train --dataset indian_pines --model hybridsn --policy cost
+  torchrun --nproc-per-node 3 -m lbtrain train --dataset indian_pines --policy cost
   lbtrain train --config run.toml --epochs 5        # flags override the file
   lbtrain train --resume runs/20261123-101500       # continue an interrupted run
 """
@@ -139,6 +145,7 @@ def add_parser(
          "(default: plan now)", metavar="FILE")  # fmt: skip
     _add(plan, "devices", "device per rank: auto (cuda:<local rank> where the node has a GPU "
          "for the rank, else cpu), one entry for all, or one per rank: cpu,cuda:0")  # fmt: skip
+    add_backend_argument(plan, default=argparse.SUPPRESS)
     _add(plan, "threads", "torch CPU threads per rank (default: the node's cores divided by "
          "the ranks on that node)", type=positive_int)  # fmt: skip
     _add(plan, "emulate_slowdown", "testing aid: rank i sleeps (F_i - 1) x each step's compute, "
@@ -252,7 +259,8 @@ def build_config(
     if file is None and "config" in given:
         file = load_toml(given["config"])
     layers.append(dict(file or {}))
-    layers.append({k: v for k, v in given.items() if k not in ("config", "run")})
+    # --backend shaped the communicator before the run began: a launch property, not saved.
+    layers.append({k: v for k, v in given.items() if k not in ("config", "run", "backend")})
     merged: dict[str, Any] = {}
     options: dict[str, Any] = {}
     for layer in layers:

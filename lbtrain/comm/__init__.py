@@ -4,14 +4,26 @@ Library code receives a `Communicator` explicitly and never reaches for COMM_WOR
 size 1 uses `SingleProcessCommunicator`, so single-process runs and unit tests need no MPI;
 `LocalWorld` runs N ranks as threads of one process, for tests of logic that only needs
 "several ranks agree"; `MPICommunicator` (lbtrain/comm/mpi.py) is the only place that
-imports mpi4py.
+imports mpi4py, `TorchDistCommunicator` (lbtrain/comm/torchdist.py) the only one that
+communicates through torch.distributed. `world_communicator()` picks the engine from the
+launcher (lbtrain/comm/launchers.py).
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING, Any
+
+from lbtrain.comm.launchers import (
+    BACKENDS,
+    MPI,
+    TORCHRUN,
+    LauncherError,
+    check_backend,
+    detect_launcher,
+    launched_by_mpi,
+    launched_by_torchrun,
+)
 
 if TYPE_CHECKING:
     from lbtrain.comm.base import Communicator
@@ -25,22 +37,24 @@ _EXPORTS = {
     "LocalCommunicator": "lbtrain.comm.local",
     "LocalWorld": "lbtrain.comm.local",
     "RankAborted": "lbtrain.comm.local",
+    "RankLost": "lbtrain.comm.base",
     "run_ranks": "lbtrain.comm.local",
     "MPICommunicator": "lbtrain.comm.mpi",
     "mpi_library_info": "lbtrain.comm.mpi",
     "SingleProcessCommunicator": "lbtrain.comm.single",
+    "TorchDistCommunicator": "lbtrain.comm.torchdist",
+    "torch_world": "lbtrain.comm.torchdist",
 }
 
-__all__ = [*_EXPORTS, "launched_by_mpi", "world_communicator"]
-
-# Variables that MPICH/Hydra, Open MPI, Intel MPI, Slurm's PMI and PMIx set in every rank.
-_LAUNCHER_SIZE_VARIABLES = (
-    "PMI_SIZE",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMIX_SIZE",
-    "MPI_LOCALNRANKS",
-    "HYDRA_CONTROL_FD",
-)
+__all__ = [
+    *_EXPORTS,
+    "BACKENDS",
+    "LauncherError",
+    "detect_launcher",
+    "launched_by_mpi",
+    "launched_by_torchrun",
+    "world_communicator",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -56,23 +70,43 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-def launched_by_mpi() -> bool:
-    """True when an MPI launcher (mpiexec, srun) started this process."""
-    return any(name in os.environ for name in _LAUNCHER_SIZE_VARIABLES)
+def world_communicator(backend: str = "auto") -> Communicator:
+    """The communicator for the whole job, by its launcher: MPI under mpiexec (or srun),
+    torch.distributed under torchrun, else single-process.
 
+    A plain `python` or `lbtrain` start imports neither mpi4py nor torch.distributed's
+    process groups, so single-process use works even where the MPI library is missing.
 
-def world_communicator() -> Communicator:
-    """The communicator for the whole job: MPI when launched by mpiexec, else single-process.
+    Args:
+        backend: torch.distributed's transport under torchrun: "auto" (NCCL where every rank
+            is on a GPU, else gloo), "gloo" or "nccl". MPI jobs refuse anything but "auto";
+            a one-process run ignores it.
 
-    A plain `python` or `lbtrain` start does not import mpi4py at all, so single-process use
-    works even where the MPI library is missing.
+    Raises:
+        LauncherError: the environment names launchers that do not form one job, or
+            torchrun's variables without the rendezvous ones.
+        ValueError: an unknown backend, or one given to an MPI job.
+        RuntimeError: the engine cannot start (mpi4py missing, no torch.distributed).
     """
-    if launched_by_mpi():
+    check_backend(backend)
+    launcher = detect_launcher()
+    world: Communicator | None = None
+    if launcher == MPI:
+        if backend != "auto":
+            raise ValueError(
+                f"backend={backend!r} picks torch.distributed's transport under torchrun, but "
+                "an MPI launcher started this job, which communicates through MPI: use "
+                "backend='auto', or launch with torchrun"
+            )
         from lbtrain.comm.mpi import mpi_world
 
         world = mpi_world()
-        if world is not None:
-            return world
+    elif launcher == TORCHRUN:
+        from lbtrain.comm.torchdist import torch_world
+
+        world = torch_world(backend)
+    if world is not None:
+        return world
     from lbtrain.comm.single import SingleProcessCommunicator
 
     return SingleProcessCommunicator()

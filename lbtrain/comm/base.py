@@ -8,7 +8,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-__all__ = ["Communicator", "Completed", "Request"]
+__all__ = ["Communicator", "Completed", "RankLost", "Request"]
 
 
 class Request(Protocol):
@@ -19,6 +19,15 @@ class Request(Protocol):
 
     def wait(self) -> None:
         """Block until the collective has completed."""
+
+
+class RankLost(Exception):
+    """A collective failed because another rank of the job is gone without a word.
+
+    Raised by engines that see a peer vanish (torch.distributed over TCP) rather than being
+    ended with it (MPI_Abort). Not a RuntimeError: it is no user error and must not be
+    caught as one; the command line prints it as one line and ends the job.
+    """
 
 
 class Completed:
@@ -33,7 +42,12 @@ class Completed:
 
 @runtime_checkable
 class Communicator(Protocol):
-    """What lbtrain needs from a process group."""
+    """What lbtrain needs from a process group.
+
+    An engine whose transport depends on the ranks' devices may also have
+    `use_device(device)` (collective; TorchDistCommunicator: NCCL only where every rank is on
+    a GPU); lbtrain.session.setup_replica calls it once each rank has its device.
+    """
 
     @property
     def rank(self) -> int: ...
@@ -53,7 +67,7 @@ class Communicator(Protocol):
 
     @property
     def cuda_aware(self) -> bool:
-        """Whether the MPI library reads and writes CUDA memory itself."""
+        """Whether the engine takes CUDA buffers as they are (CUDA-aware MPI, NCCL)."""
 
     def broadcast_(self, buffer: torch.Tensor | np.ndarray, root: int = 0) -> None:
         """Overwrite `buffer` on every rank with `root`'s, in place."""

@@ -96,6 +96,12 @@ class BalancedDataParallel(nn.Module):
     ) -> None:
         super().__init__()
         agree(comm, lambda: _check_arguments(module, comm, loader, weighting))
+        # An engine whose transport depends on the devices (torch.distributed: NCCL only where
+        # every rank is on a GPU) picks it now, unless the job already did (the trainer).
+        use_device = getattr(comm, "use_device", None)
+        if use_device is not None and getattr(comm, "transport", None) is None:
+            device = next(module.parameters(), torch.empty(0)).device
+            agree(comm, lambda: use_device(device))
         check_same_model(module, comm)
         broadcast_tensors([*module.parameters(), *module.buffers()], comm, root=0)
         self.module = module

@@ -1,4 +1,4 @@
-"""Launch a script under mpiexec with a timeout, so a hang fails a test instead of CI."""
+"""Launch a script under mpiexec or torchrun with a timeout, so a hang fails a test, not CI."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["SCRIPTS", "lbtrain_command", "mpiexec_path", "run_mpi"]
+__all__ = [
+    "SCRIPTS",
+    "kill_job",
+    "lbtrain_command",
+    "mpiexec_path",
+    "run_mpi",
+    "run_torchrun",
+    "torchrun_command",
+]
 
 SCRIPTS = Path(__file__).parent / "scripts"
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +43,13 @@ def lbtrain_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "lbtrain"]
 
 
+def torchrun_command(ranks: int) -> list[str]:
+    """`torchrun --nproc-per-node ranks --standalone` (a free port) next to this Python."""
+    beside = Path(sys.executable).parent / "torchrun"
+    launcher = [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    return [*launcher, "--nproc-per-node", str(ranks), "--standalone"]
+
+
 def run_mpi(
     script: str | Path,
     ranks: int,
@@ -50,9 +65,31 @@ def run_mpi(
     """
     target = ["-m", str(script)] if module else [str(script)]
     command = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "mpi4py", *target, *args]
+    return _run(command, timeout, env)
+
+
+def run_torchrun(
+    script: str | Path,
+    ranks: int,
+    *args: str,
+    timeout: float = 120,
+    module: bool = False,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run `script` (or `-m module`) under `torchrun --nproc-per-node ranks`, as run_mpi does.
+
+    An unhandled exception ends its worker, and torchrun's agent then ends the others.
+    """
+    target = ["-m", str(script)] if module else [str(script)]
+    return _run([*torchrun_command(ranks), *target, *args], timeout, env)
+
+
+def _run(
+    command: list[str], timeout: float, env: dict[str, str] | None
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     full_env.update(env or {})
-    # A new session lets the timeout kill mpiexec and every rank it started together.
+    # A new session lets the timeout kill the launcher and every rank it started together.
     with subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -65,10 +102,46 @@ def run_mpi(
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            kill_job(process.pid)
             stdout, stderr = process.communicate()
             raise AssertionError(
                 f"{' '.join(command)} did not finish within {timeout}s (a hang?)\n"
                 f"stdout:\n{stdout}\nstderr:\n{stderr}"
             ) from None
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def kill_job(pid: int) -> None:
+    """SIGKILL the launcher `pid`, its process group and every process descended from it.
+
+    Hydra and torchrun start each rank in a session of its own, out of the launcher's
+    process group, so the ranks are found through their parents.
+    """
+    family = _descendants(pid)
+    for member in [*family, pid]:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found

@@ -1,23 +1,49 @@
-"""Multi-rank exactness and failure handling on real MPI ranks, under mpiexec with a timeout.
+"""Multi-rank exactness and failure handling on real ranks, under a launcher with a timeout.
 
-One job checks every Communicator operation and then the cases that need real MPI: unequal
-shares, a zero share, overlap on real Iallreduce requests and host staging (the GPU path).
-The same checks run on in-process ranks, for 2 and 3 ranks and every mode, in
-tests/unit/test_exactness_ranks.py.
+One job per engine (MPI under mpiexec, torch.distributed's gloo under torchrun) checks every
+Communicator operation and then the cases that need real processes: unequal shares, a zero
+share, overlap on real nonblocking requests and host staging (the GPU path), each against
+one process, with the naive 1/P average shown to miss; then a user's loop through
+BalancedDataParallel and stock DDP with the weighted hook, the same way, and a model
+mismatch between ranks. The same checks run on in-process ranks, for 2 and 3 ranks and every
+mode, in tests/unit/test_exactness_ranks.py and tests/unit/test_parallel.py.
 """
 
 from __future__ import annotations
 
-from tests.mpi.launch import SCRIPTS, run_mpi
+import pytest
+
+from tests.mpi.launch import SCRIPTS, run_mpi, run_torchrun
 
 CASES = ("ops", "5,11,48:function", "20,0,44:overlap", "20,0,44:staged")
+# BalancedDataParallel (a user's loop) and stock DDP with the weighted hook, in the same job:
+# unequal and zero shares, overlap on and off, accumulation, a plan from `plan_for` on ranks
+# emulating slowdowns 1, 2 and 4; then a model mismatch, which ends the job.
+WRAPPER_CASES = (
+    "wrapper/5,11,48:overlap",
+    "wrapper/20,0,44:plain",
+    "wrapper/20,0,44:accumulate",
+    "wrapper/20,0,44:ddp-hook",
+    "wrapper/profiled:1,2,4",
+)
+ENGINES = {"mpiexec": (run_mpi, "MPICommunicator"), "torchrun": (run_torchrun, "TorchDist")}
 
 
-def test_unequal_shares_match_one_process_and_naive_average_does_not():
-    result = run_mpi(SCRIPTS / "exactness.py", 3, *CASES, timeout=180)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "comm ops ok on 3 ranks" in result.stdout, result.stdout
-    assert result.stdout.count("exactness ok") == len(CASES) - 1, result.stdout
+@pytest.mark.parametrize("launcher", ENGINES)
+def test_unequal_shares_match_one_process_and_naive_average_does_not(launcher):
+    launch, engine = ENGINES[launcher]
+    result = launch(SCRIPTS / "exactness.py", 3, *CASES, *WRAPPER_CASES, "wrapper/mismatch",
+                    timeout=180)  # fmt: skip
+    output = result.stdout + result.stderr
+    assert f"comm ops ok on 3 ranks ({engine}" in result.stdout, output
+    assert result.stdout.count("wrapper exactness ok") == len(WRAPPER_CASES), output
+    assert result.stdout.count("exactness ok") == len(CASES) - 1 + len(WRAPPER_CASES), output
+    # The mismatch ends the job: every rank says which parameter differs, and nothing hangs.
+    assert result.returncode != 0, output
+    for rank in range(3):
+        assert f"rank {rank}: the ranks built different models: parameter '0.weight'" in (
+            result.stdout
+        ), output
 
 
 def test_an_exception_on_one_rank_aborts_every_rank_with_its_message():

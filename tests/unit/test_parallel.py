@@ -1,6 +1,6 @@
 """`BalancedDataParallel` and `plan_for` on in-process ranks: exactness, checks, buffers.
 
-tests/mpi/test_wrapper.py runs the same exactness check under mpiexec (real MPI ranks).
+tests/mpi/test_exactness.py runs the same checks under mpiexec and torchrun (real ranks).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every Communicator operation on N ranks: `check_ops(comm)` on any engine.
 
 Run alone (mpiexec -n 3 python -m mpi4py tests/mpi/scripts/comm_ops.py), or as the "ops"
-case of exactness.py, which shares its MPI job.
+case of exactness.py, which shares its job (under mpiexec or torchrun).
 """
 
 from __future__ import annotations
@@ -26,6 +26,18 @@ def check_ops(comm: Communicator) -> str:
     comm.allreduce_sum_(array)
     assert (array == expected).all(), array
 
+    # Two nonblocking sums in flight at once, a tensor and an array, read after their waits.
+    tensor = torch.full((1000,), float(rank + 1), dtype=torch.float32)
+    array = np.full(7, rank, dtype=np.float64)
+    requests = [comm.iallreduce_sum_(tensor), comm.iallreduce_sum_(array)]
+    while not requests[0].test():
+        pass
+    for request in requests:
+        request.wait()
+        assert request.test()
+    assert torch.equal(tensor, torch.full((1000,), float(expected + size))), tensor
+    assert (array == expected).all(), array
+
     try:
         comm.allreduce_sum_(torch.zeros(4, 4).t())
     except ValueError as exc:
@@ -45,7 +57,7 @@ def check_ops(comm: Communicator) -> str:
     assert comm.allgather({"rank": rank}) == [{"rank": r} for r in range(size)]
     assert comm.bcast("from root" if rank == size - 1 else None, root=size - 1) == "from root"
     comm.barrier()
-    return f"comm ops ok on {size} ranks"
+    return f"comm ops ok on {size} ranks ({type(comm).__name__})"
 
 
 if __name__ == "__main__":

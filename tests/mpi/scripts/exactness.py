@@ -5,7 +5,9 @@ Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/exactness.py [ops] 5,11,48[
 in-process tests call it on threads). MODE is how the weighted model syncs: "function"
 (`sync_gradients` after backward, the default), "overlap" (`GradientSync` started from
 backward, one small bucket per parameter so several are in flight) or "staged" (the same
-through host staging buffers, the GPU path).
+through host staging buffers, the GPU path). A case `wrapper/CASE` runs
+wrapper_exactness.py's CASE in the same job (BalancedDataParallel, the DDP hook, a model
+mismatch, which ends the job), so one launch per engine checks them all.
 Every rank also trains the single-process reference itself (the data is the same on every
 rank), so each rank checks its own parameters. The naive 1/P average is trained alongside
 and must visibly miss, which shows the comparison can fail.
@@ -132,15 +134,20 @@ def check(comm: Communicator, sizes: list[int], mode: str = "function") -> str:
 
 
 def main() -> None:
+    from tests.mpi.scripts import wrapper_exactness  # it imports this module's helpers
+
     comm = world_communicator()
     for case in sys.argv[1:]:
         if case == "ops":  # every Communicator operation, in the same job
             line = check_ops(comm)
+        elif case.startswith("wrapper/"):  # BalancedDataParallel or the DDP hook, same job
+            line = wrapper_exactness.run_case(comm, case.removeprefix("wrapper/"))
         else:
             sizes, _, mode = case.partition(":")
             line = check(comm, [int(s) for s in sizes.split(",")], mode or "function")
         if comm.rank == 0:
             print(line, flush=True)
+    wrapper_exactness.cleanup(comm)
 
 
 if __name__ == "__main__":

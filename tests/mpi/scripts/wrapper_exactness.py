@@ -2,12 +2,13 @@
 
 Run: mpiexec -n 3 python -m mpi4py tests/mpi/scripts/wrapper_exactness.py CASE ...
      torchrun --nproc-per-node 3 tests/mpi/scripts/wrapper_exactness.py CASE ...
-CASE is SHARES[:MODE][@DEVICES], e.g. 20,0,44:accumulate@cuda:0,cpu,cpu, or `mismatch`
-(ranks build models that differ in one layer: every rank must raise ModelMismatch naming
-it, and the job ends). The loop is the plain DDP one, `loss_fn(model(x), y).backward()` and
-`optimizer.step()`, with no branch for a zero share. MODE: "overlap" (the default), "plain"
-(no overlap), "accumulate" (two loader batches per optimizer step, under `no_sync`) or
-"ddp-hook" (stock DistributedDataParallel with `weighted_allreduce_hook`, over
+CASE is SHARES[:MODE][@DEVICES], e.g. 20,0,44:accumulate@cuda:0,cpu,cpu; or `profiled:1,2,4`
+(plan with `plan_for` on ranks emulating those slowdowns, then check that plan); or
+`mismatch` (ranks build models that differ in one layer: every rank must raise ModelMismatch
+naming it, and the job ends). The loop is the plain DDP one, `loss_fn(model(x),
+y).backward()` and `optimizer.step()`, with no branch for a zero share. MODE: "overlap" (the
+default), "plain" (no overlap), "accumulate" (two loader batches per optimizer step, under
+`no_sync`) or "ddp-hook" (stock DistributedDataParallel with `weighted_allreduce_hook`, over
 torch.distributed with gloo: the job's process group under torchrun, else one made for the
 check from a file every rank sees). A second model with DDP's 1/P average is trained
 alongside and must visibly miss, which shows the comparison can fail.
@@ -152,30 +153,52 @@ def mismatch(comm: Communicator) -> str:
     raise AssertionError("models that differ were accepted")
 
 
-def main() -> None:
-    comm = world_communicator()
-    for case in sys.argv[1:]:
-        if case == "mismatch":
-            line = mismatch(comm)
-            print(f"rank {comm.rank}: {line}", flush=True)
-            raise SystemExit(3)
-        case, _, devices = case.partition("@")
-        sizes, _, mode = case.partition(":")
-        line = check(
-            comm,
-            [int(s) for s in sizes.split(",")],
-            mode or "overlap",
-            devices.split(",") if devices else None,
-        )
-        if comm.rank == 0:
-            print(line, flush=True)
+def profiled(comm: Communicator, factors: list[float]) -> str:
+    """Plan with `plan_for` on ranks slowed by `factors` (emulated), then check that plan."""
+    from lbtrain import plan_for
+
+    torch.set_num_threads(1)
+    sample = (torch.randn(4, 8, dtype=torch.float64), torch.zeros(4, dtype=torch.long))
+    plan = plan_for(make_model(), nn.CrossEntropyLoss(), sample, comm, 64, "proportional",
+                    time_budget=1.0, slowdown=factors[comm.rank])  # fmt: skip
+    return check(comm, list(plan.batch_sizes), "overlap") + f" (plan_for, slowdown {factors})"
+
+
+def run_case(comm: Communicator, case: str) -> str:
+    """One case of the command line (module docstring); `mismatch` ends the job."""
+    if case == "mismatch":
+        print(f"rank {comm.rank}: {mismatch(comm)}", flush=True)
+        raise SystemExit(3)
+    if case.startswith("profiled:"):
+        return profiled(comm, [float(f) for f in case.removeprefix("profiled:").split(",")])
+    case, _, devices = case.partition("@")
+    sizes, _, mode = case.partition(":")
+    return check(
+        comm,
+        [int(s) for s in sizes.split(",")],
+        mode or "overlap",
+        devices.split(",") if devices else None,
+    )
+
+
+def cleanup(comm: Communicator) -> None:
+    """End the process group made for the ddp-hook cases, if any, and remove its file."""
     if _STORES:
         import torch.distributed as dist
 
         dist.destroy_process_group()
         comm.barrier()
         if comm.rank == 0:
-            Path(_STORES[0]).unlink(missing_ok=True)
+            Path(_STORES.pop()).unlink(missing_ok=True)
+
+
+def main() -> None:
+    comm = world_communicator()
+    for case in sys.argv[1:]:
+        line = run_case(comm, case)
+        if comm.rank == 0:
+            print(line, flush=True)
+    cleanup(comm)
 
 
 if __name__ == "__main__":
