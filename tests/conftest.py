@@ -19,3 +19,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         relative = Path(item.fspath).resolve().relative_to(TESTS.resolve())
         if relative.parts[0] in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session")
+def one_process(tmp_path_factory):
+    """The exactness runs' reference: `lbtrain train` in one process (tests/fixtures/exact_runs.py).
+
+    Once per session: the in-process and the mpiexec exactness tests compare with the same run.
+    """
+    from lbtrain import SingleProcessCommunicator
+    from lbtrain.cli.main import main
+    from tests.fixtures.exact_runs import COMMON, trained
+
+    out = tmp_path_factory.mktemp("single") / "run"
+    assert main([*COMMON, "--out", str(out)], comm=SingleProcessCommunicator()) == 0
+    return trained(out)[0]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from lbtrain import SingleProcessCommunicator
-from lbtrain.cli.main import main
 from tests.fixtures.exact_runs import (
     COMMON,
     max_difference,
@@ -20,13 +18,6 @@ from tests.fixtures.exact_runs import (
     zero_share_plan,
 )
 from tests.ranks import lbtrain_ranks
-
-
-@pytest.fixture(scope="module")
-def one_process(tmp_path_factory):
-    out = tmp_path_factory.mktemp("single") / "run"
-    assert main([*COMMON, "--out", str(out)], comm=SingleProcessCommunicator()) == 0
-    return trained(out)[0]
 
 
 def _three_ranks(out, *extra: str):

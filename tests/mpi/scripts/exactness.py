@@ -51,16 +51,21 @@ def flat_params(model: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+def make_data() -> tuple[torch.Tensor, torch.Tensor]:
+    """The same float64 inputs and class targets on every rank (and every check)."""
+    torch.set_num_threads(1)
+    generator = torch.Generator().manual_seed(42)
+    inputs = torch.randn(NUM_SAMPLES, 8, dtype=torch.float64, generator=generator)
+    return inputs, torch.randint(0, 4, (NUM_SAMPLES,), generator=generator)
+
+
 def check(comm: Communicator, sizes: list[int], mode: str = "function") -> str:
     """Train weighted, naive and reference models on `comm`; assert; a line saying so."""
     if mode not in ("function", "overlap", "staged"):
         raise ValueError(f"unknown mode {mode!r}")
     if len(sizes) != comm.size:
         raise ValueError(f"{len(sizes)} batch sizes given for {comm.size} ranks")
-    torch.set_num_threads(1)
-    generator = torch.Generator().manual_seed(42)
-    inputs = torch.randn(NUM_SAMPLES, 8, dtype=torch.float64, generator=generator)
-    targets = torch.randint(0, 4, (NUM_SAMPLES,), generator=generator)
+    inputs, targets = make_data()
     dataset = TensorDataset(inputs, targets, torch.arange(NUM_SAMPLES))
 
     if 0 in sizes:

@@ -32,6 +32,7 @@ from tests.mpi.scripts.exactness import (
     EPOCHS,
     NUM_SAMPLES,
     flat_params,
+    make_data,
     make_model,
     make_optimizer,
 )
@@ -57,10 +58,7 @@ def check(
         raise ValueError(f"unknown mode {mode!r}; one of {', '.join(MODES)}")
     if len(sizes) != comm.size:
         raise ValueError(f"{len(sizes)} batch sizes given for {comm.size} ranks")
-    torch.set_num_threads(1)
-    generator = torch.Generator().manual_seed(42)
-    inputs = torch.randn(NUM_SAMPLES, 8, dtype=torch.float64, generator=generator)
-    targets = torch.randint(0, 4, (NUM_SAMPLES,), generator=generator)
+    inputs, targets = make_data()
     plan = _plan(sizes)
     loader = balanced_loader(plan, TensorDataset(inputs, targets), rank=comm.rank, seed=5)
 
