@@ -76,11 +76,18 @@ def _batch_sizes(value: Any) -> str | None:
     return None
 
 
+# Longer than any training step measured (11.6 days); also keeps the fit's sums of squares
+# within floating point (a step time of 1e154 s overflowed them).
+_MAX_STEP_SECONDS = 1e6
+
+
 def _step_times(value: Any) -> str | None:
     if not isinstance(value, list) or not value:
         return "must be a non-empty list of seconds"
     if any(_number(0.0, above=True)(t) for t in value):
         return "must hold finite seconds > 0"
+    if any(t > _MAX_STEP_SECONDS for t in value):
+        return f"must hold seconds <= {_MAX_STEP_SECONDS:g} (a step of days is no measurement)"
     return None
 
 
@@ -135,7 +142,7 @@ def check_profile_fields(data: dict[str, Any]) -> None:
     if isinstance(alpha, int | float) and isinstance(times, list) and times:
         if alpha > min(times) * (1 + _ALPHA_SLACK):
             raise ValueError(
-                f"field alpha={alpha!r} is larger than the smallest measured step "
+                f"field alpha={alpha!r} is larger than the smallest of step_times "
                 f"({min(times)!r} s); the fixed cost per step cannot exceed a whole step"
             )
 
