@@ -226,8 +226,10 @@ class BalancedDataParallel(nn.Module):
                 f"rank {self.comm.rank} started a new batch before the last one's backward: "
                 "every rank must run forward and backward on every batch, an empty one too"
             )
-        if self._window[1] == 0:
-            self.gradients.adopt_grads()  # backward adds straight into the buckets
+        if self._window[1] == 0 and not self._require_sync:
+            # An accumulating micro-batch: backward adds straight into the buckets. (A synced
+            # batch gets the same from `_arm`, which GradientSync.arm does in one pass.)
+            self.gradients.adopt_grads()
         self._counted = loader.batches
         self._window[0] += loader.samples
         self._window[1] += loader.global_samples
