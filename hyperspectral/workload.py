@@ -38,6 +38,7 @@ from lbtrain.workloads import (
     Workload,
     WorkloadOption,
     WorkloadPlugin,
+    correct_predictions,
     keep_batch,
 )
 
@@ -272,6 +273,7 @@ def build(seed: int = 0, **options: Any) -> Workload:
         evaluator=ConfusionEvaluator(
             classes, summarize=metrics_from_confusion, headline=("oa", "aa", "kappa")
         ),
+        step_metric=correct_predictions,
         # Only the map needs every pixel predicted; without it the trainer can skip that pass.
         predict_set=data.predict_set() if opts["map"] else None,
         predict_unit=w,

@@ -40,6 +40,7 @@ __all__ = [
     "WorkloadOption",
     "WorkloadPlugin",
     "available_workloads",
+    "correct_predictions",
     "get_plugin",
     "keep_batch",
     "patch_cnn_workload",
@@ -51,6 +52,11 @@ ENTRY_POINT_GROUP = "lbtrain.workloads"
 DEFAULT_WORKLOAD = "patch-cnn"
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def correct_predictions(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """How many of a classifier's arg-max predictions equal the targets (a `step_metric`)."""
+    return float((outputs.detach().argmax(1) == targets).sum())
 
 
 def _default_optimizer(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
@@ -86,6 +92,9 @@ class Workload:
         signature: what identifies the trained model and data (dataset, model, sizes); a
             checkpoint whose signature differs is refused on resume.
         description: one line about the data, printed at the start of training.
+        step_metric: the training step's metric, summed over the batch (a classifier passes
+            `correct_predictions`); the trainer reports its sum over the global batch divided
+            by the samples as the epoch's training accuracy. None: no accuracy is reported.
     """
 
     name: str
@@ -107,6 +116,7 @@ class Workload:
     outputs: tuple[str, ...] = ()
     signature: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
+    step_metric: Callable[[torch.Tensor, torch.Tensor], float] | None = None
 
     def get_evaluator(self) -> Evaluator:
         """The workload's evaluator, or overall accuracy over num_classes."""

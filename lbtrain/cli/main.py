@@ -20,7 +20,8 @@ from lbtrain.cli.common import USER_ERRORS, CLIError, CollectiveError
 from lbtrain.cli.launcher import launcher_rank
 from lbtrain.comm import Communicator, launched_by_torchrun, world_communicator
 from lbtrain.comm.base import RankLost
-from lbtrain.trainer.loop import TrainingDiverged
+from lbtrain.trainer.engine import TrainingDiverged
+from lbtrain.trainer.signals import Interrupted
 
 __all__ = ["build_parser", "main"]
 
@@ -187,21 +188,24 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         if comm.rank == 0:
             _error(exc)
         return 2
-    except KeyboardInterrupt:
-        # Ctrl-C outside training steps (profiling, evaluation): no traceback, status 130.
+    except (KeyboardInterrupt, Interrupted) as exc:
+        # A signal outside training steps (profiling, evaluation, drawing): no traceback,
+        # status 130 (SIGINT) or 143 (SIGTERM), one line for the job.
+        code = exc.code if isinstance(exc, Interrupted) else 130
         if comm.rank != 0:
             if launched_by_torchrun():
                 # torchrun alone gets a terminal's Ctrl-C and sends it to every worker (each
                 # runs in a session of its own): rank 0 says it for all of them.
-                _abort(comm, 130)
-                return 130
-            # Ctrl-C in a terminal reaches every rank: rank 0 says it once and ends the job,
+                _abort(comm, code)
+                return code
+            # A signal to the job reaches every rank: rank 0 says it once and ends the job,
             # which ends this rank during the pause. A rank interrupted alone says so after.
             time.sleep(_ALONE_AFTER)
         where = f" (rank {comm.rank})" if comm.rank else ""
-        print(f"lbtrain: interrupted{where}", file=sys.stderr, flush=True)
-        _abort(comm, 130)  # ranks not interrupted would wait in their next collective call
-        return 130
+        what = "interrupted" if code == 130 else "terminated (SIGTERM)"
+        print(f"lbtrain: {what}{where}", file=sys.stderr, flush=True)
+        _abort(comm, code)  # ranks not interrupted would wait in their next collective call
+        return code
     except RankLost as exc:
         # Another rank vanished without a word (torchrun: killed); this rank is the one of
         # the survivors that says so (the others leave quietly), and the job ends.

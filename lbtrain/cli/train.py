@@ -25,6 +25,7 @@ from lbtrain.comm import Communicator
 from lbtrain.session import agree, root_value
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import (
+    DIVERGENCE_MODES,
     LR_SCHEDULES,
     OPTIMIZERS,
     OVERLAP_MODES,
@@ -181,6 +182,15 @@ def add_parser(
     _add(evaluation, "checkpoint_every", "write a checkpoint every N epochs (0: only at the "
          "end)", type=_non_negative)  # fmt: skip
     _add(evaluation, "keep", "checkpoints kept, newest first", type=positive_int)
+    _add(evaluation, "divergence", "on: stop with exit 1 when the loss runs away (a step's loss "
+         "above 1000 x the first step's, or 8 epochs of growth above the first epoch's); "
+         "off: train on whatever happens", choices=DIVERGENCE_MODES)  # fmt: skip
+    _add(evaluation, "trace", "write a Chrome/Perfetto trace of every rank's steps (compute, "
+         "gradient sync, waiting for the slowest) to FILE in the run folder; open it at "
+         "ui.perfetto.dev (default: none)", metavar="FILE")  # fmt: skip
+    _add(evaluation, "tensorboard", "also log the per-epoch metrics to TensorBoard in DIR "
+         "(needs the tensorboard package: pip install 'lbtrain[tensorboard]') (default: "
+         "none)", metavar="DIR")  # fmt: skip
     _add_workload_options(parser, workload)
     parser.set_defaults(run=run)
     return parser

@@ -1,14 +1,17 @@
 """The synchronous, load-balanced trainer: `train(config, comm)` runs one whole job."""
 
 from lbtrain.trainer.config import TrainConfig, load_toml, save_toml
+from lbtrain.trainer.engine import Callback, Engine, RunState, StepTimer, TrainingDiverged
 from lbtrain.trainer.job import TrainResult, train
-from lbtrain.trainer.loop import TrainingDiverged, fit
 
 __all__ = [
+    "Callback",
+    "Engine",
+    "RunState",
+    "StepTimer",
     "TrainConfig",
     "TrainResult",
     "TrainingDiverged",
-    "fit",
     "load_toml",
     "save_toml",
     "train",

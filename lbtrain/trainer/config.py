@@ -36,6 +36,7 @@ LR_SCHEDULES = ("cosine", "constant", "step")
 WEIGHTINGS = ("share", "uniform")
 REPLAN_MODES = ("auto", "off")
 OVERLAP_MODES = ("on", "off")
+DIVERGENCE_MODES = ("on", "off")
 
 
 @dataclass
@@ -63,8 +64,9 @@ class TrainConfig:
         emulate_slowdown: testing aid, one factor per rank ("1,2,4") or None.
         emulate_change: testing aid, slowdowns that change mid-run: "EPOCH:F0,F1,..."
             entries separated by ";" (from that epoch, counted from 1), or None.
-        replan: "auto" switches every rank to the plan the measured compute times imply at
-            an epoch's end when it is predicted more than 5% faster; "off" keeps the plan.
+        replan: "auto" switches every rank to the plan the measured compute times imply,
+            once at least two epochs agree and the predicted gain beats both 5% and the
+            measured epoch-to-epoch spread; "off" keeps the plan.
         time_budget: seconds of profiling per rank.
         profiles: reuse a profiles file instead of profiling.
         plan: reuse a plan file instead of profiling and planning.
@@ -82,6 +84,10 @@ class TrainConfig:
             gradients are in; "off" reduces them all after backward (same result).
         quiet: print only the final summary.
         log_every: also print a line every this many steps (0: one per epoch).
+        divergence: "on" stops the run (exit 1) when the loss runs away: a step's loss
+            above 1000 x the first step's, or 8 epochs of growth to above the first epoch's.
+        trace: write a Chrome/Perfetto trace of each rank's steps to this file (None: no).
+        tensorboard: also log the metrics to TensorBoard in this folder (None: no).
     """
 
     workload: str = "hyperspectral"
@@ -117,6 +123,9 @@ class TrainConfig:
     overlap: str = "on"
     quiet: bool = False
     log_every: int = 0
+    divergence: str = "on"
+    trace: str | None = None
+    tensorboard: str | None = None
 
     def validate(self) -> TrainConfig:
         """Check every value; raise one ValueError naming the parameter, value and fix."""
@@ -138,6 +147,7 @@ class TrainConfig:
         _choice(self, "weighting", WEIGHTINGS)
         _choice(self, "replan", REPLAN_MODES)
         _choice(self, "overlap", OVERLAP_MODES)
+        _choice(self, "divergence", DIVERGENCE_MODES)
         _number(self, "lr", low=0.0, open_low=True)
         _number(self, "momentum", low=0.0, high=1.0, open_high=True)
         _number(self, "weight_decay", low=0.0)

@@ -55,24 +55,9 @@ def make_plan(
 ) -> tuple[BalancePlan, list[ReplicaProfile] | None]:
     """The plan: the checkpoint's on the same ranks, a plan file, or profile and plan now."""
     if checkpoint is not None:
-        same = checkpoint.get("devices") == devices
-        plan = BalancePlan.from_dict(checkpoint["plan"])
-        if same and plan.global_batch_size == config.global_batch:
-            saved = checkpoint.get("profiles")
-            return plan, [ReplicaProfile.from_dict(p) for p in saved] if saved else None
-        if comm.rank == 0 and not config.quiet:
-            change = (
-                f"the global batch changed from {plan.global_batch_size} to {config.global_batch}"
-                if same
-                else f"the checkpoint ran on {len(checkpoint.get('devices', []))} rank(s) "
-                f"({_device_list(checkpoint.get('devices', []))}), this job on {comm.size} "
-                f"({_device_list(devices)})"
-            )
-            print(
-                f"{change}: profiling and planning again; the update stays exact, it does not "
-                "depend on how the batch is split",
-                flush=True,
-            )
+        resumed = _resumed_plan(comm, config, checkpoint, devices)
+        if resumed is not None:
+            return resumed
     if config.plan:
         data = root_value(comm, lambda: _read_plan(config.plan))
         plan = agree(comm, lambda: _plan_from(data, config, comm.size))
@@ -97,17 +82,26 @@ def make_plan(
         profiles = profile_workload(comm, replica, workload, profile_config, make_optimizer)
 
     def plan_from(profiles: list[ReplicaProfile]) -> BalancePlan:
-        return agree(comm, lambda: plan_batches(
-            profiles, config.global_batch, config.policy, min_batch=config.min_batch,
-            comm=comm_cost(profiles)))  # fmt: skip
+        return agree(
+            comm,
+            lambda: plan_batches(
+                profiles,
+                config.global_batch,
+                config.policy,
+                min_batch=config.min_batch,
+                comm=comm_cost(profiles),
+            ),
+        )
 
     plan = plan_from(profiles)
     model = optimizer = None
     started = time.perf_counter()
     for round_index in range(RETIME_ROUNDS):
         # No extrapolation: a share far outside the measured batches is timed where it falls.
-        wanted = [b if outside_measured(p, b) else None for p, b in zip(profiles, plan.batch_sizes,
-                                                                        strict=True)]  # fmt: skip
+        wanted = [
+            b if outside_measured(p, b) else None
+            for p, b in zip(profiles, plan.batch_sizes, strict=True)
+        ]
         # The first round always runs (a few steps at batches training will run anyway);
         # later ones while re-timing has taken less than twice the time budget. Rank 0's
         # clock decides for every rank, as a rank that stopped early would leave the others
@@ -120,21 +114,91 @@ def make_plan(
         if comm.rank == 0 and not config.quiet:
             ranks = ", ".join(
                 f"rank {r} at batch {b} (measured {min(profiles[r].batch_sizes)}.."
-                f"{max(profiles[r].batch_sizes)})" for r, b in enumerate(wanted) if b
-            )  # fmt: skip
+                f"{max(profiles[r].batch_sizes)})"
+                for r, b in enumerate(wanted)
+                if b
+            )
             print(f"timing {ranks}, then planning again", flush=True)
         if model is None:
             model = workload.build_model().to(replica.device)
             optimizer = make_optimizer(model.parameters())
         profiles = retime_profiles(
-            comm, model, optimizer, workload.loss_fn, workload.make_batch, profiles, wanted,
-            device=replica.device, slowdown=replica.slowdown,
+            comm,
+            model,
+            optimizer,
+            workload.loss_fn,
+            workload.make_batch,
+            profiles,
+            wanted,
+            device=replica.device,
+            slowdown=replica.slowdown,
             config=ProfileConfig(seed=config.seed, time_budget=config.time_budget),
-        )  # fmt: skip
+        )
         previous, plan = plan, plan_from(profiles)
         if plan.batch_sizes == previous.batch_sizes:
             break
     return plan, profiles
+
+
+# The settings that shape a plan: a resumed run that changes one plans again.
+_PLAN_SETTINGS = ("policy", "min_batch", "plan", "profiles")
+
+
+def _resumed_plan(
+    comm: Communicator, config: TrainConfig, checkpoint: dict[str, Any], devices: list[Any]
+) -> tuple[BalancePlan, list[ReplicaProfile] | None] | None:
+    """The checkpoint's plan when nothing that shaped it changed; else None (plan again),
+    after saying why on rank 0. A changed time_budget that no profiling would use is
+    refused: it would be recorded in config.toml without having applied."""
+    saved = dict(checkpoint.get("config", {}))
+    plan = BalancePlan.from_dict(checkpoint["plan"])
+    profiles = checkpoint.get("profiles")
+    profiles = [ReplicaProfile.from_dict(p) for p in profiles] if profiles else None
+    changed = [n for n in _PLAN_SETTINGS if getattr(config, n) not in (None, saved.get(n))]
+    if checkpoint.get("devices") != devices:
+        why = (
+            f"the checkpoint ran on {len(checkpoint.get('devices', []))} rank(s) "
+            f"({_device_list(checkpoint.get('devices', []))}), this job on {comm.size} "
+            f"({_device_list(devices)})"
+        )
+    elif plan.global_batch_size != config.global_batch:
+        why = f"the global batch changed from {plan.global_batch_size} to {config.global_batch}"
+    elif changed:
+        why = ", ".join(
+            f"{n} changed from {saved.get(n)!r} to {getattr(config, n)!r}" for n in changed
+        )
+    else:
+        agree(comm, lambda: _check_kept_budget(config, saved))
+        return plan, profiles
+    if comm.rank == 0 and not config.quiet:
+        print(
+            f"{why}: planning again; the update stays exact, it does not depend on how the "
+            "batch is split",
+            flush=True,
+        )
+    if changed and not (config.plan or config.profiles) and profiles is not None:
+        # Same devices and batch (else `why` would name those): the saved profiles serve.
+        agree(comm, lambda: _check_kept_budget(config, saved))
+        return agree(
+            comm,
+            lambda: plan_batches(
+                profiles,
+                config.global_batch,
+                config.policy,
+                min_batch=config.min_batch,
+                comm=comm_cost(profiles),
+            ),
+        ), profiles
+    return None
+
+
+def _check_kept_budget(config: TrainConfig, saved: dict[str, Any]) -> None:
+    if "time_budget" in saved and config.time_budget != saved["time_budget"]:
+        raise ValueError(
+            f"time_budget={config.time_budget:g} would not apply: this resumed run reuses the "
+            f"checkpoint's profiles (measured with time_budget={saved['time_budget']:g}); "
+            "leave it out, or give profiles or new devices to profile again"
+        )
 
 
 def _read_plan(path: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from lbtrain.balancer import WORTHWHILE, BalancePlan, CommCost, ReplicaSpeed, plan_batches
 
-__all__ = ["Replan", "predicted_steps", "propose", "refreshed", "rescaled_replicas"]
+__all__ = ["Replan", "Replanner", "predicted_steps", "propose", "refreshed", "rescaled_replicas"]
 
 
 @dataclass(frozen=True)
@@ -197,3 +197,145 @@ def propose(
     if not all(math.isfinite(v) for v in (old, new)):
         return None
     return Replan(candidate, old, new, factors)
+
+
+# A rank's factor this far from its segment's mean (relative) is a change, not noise: the
+# epoch waits for a second one that agrees before it counts.
+CHANGE = 0.25
+# The gain must beat this many standard errors of the measured rates.
+SIGMAS = 3.0
+# Epochs of one segment kept for its statistics.
+WINDOW = 8
+# Two epochs cannot tell their noise: the spread starts from this prior (one pseudo-epoch
+# 10% off), which the measured epochs outweigh as they come.
+PRIOR_SPREAD = 0.1
+
+
+def _factors(measured: Sequence[Mapping[str, float]]) -> list[float | None]:
+    """Per rank, measured / predicted compute of one epoch (None where nothing ran)."""
+    factors: list[float | None] = []
+    for entry in measured:
+        predicted, compute = entry.get("predicted", 0.0), entry.get("compute", 0.0)
+        ok = entry.get("samples", 0) > 0 and predicted > 0 and compute > 0
+        factors.append(compute / predicted if ok and math.isfinite(compute / predicted) else None)
+    return factors
+
+
+def _pooled(epochs: Sequence[Sequence[Mapping[str, float]]]) -> list[dict[str, float]]:
+    """Per rank, the sums of several epochs' measurements (as one long epoch)."""
+    keys = ("compute", "predicted", "samples", "steps", "comm")
+    return [
+        {k: sum(epoch[rank].get(k, 0.0) for epoch in epochs) for k in keys}
+        for rank in range(len(epochs[-1]))
+    ]
+
+
+def _agree(a: Sequence[float | None], b: Sequence[float | None]) -> bool:
+    return all(
+        x is None or y is None or abs(x - y) <= CHANGE * max(x, y)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+class Replanner:
+    """Decides at each epoch's end whether what was measured justifies another plan.
+
+    It switches on evidence, never on noise. The epochs since the last switch form a
+    segment; each rank's measured/predicted factor per epoch gives its mean and spread.
+    A plan wins only when at least two epochs of the segment imply it and its predicted gain
+    beats both `threshold` and `SIGMAS` standard errors of the factors: jitter of +-10% on
+    fixed speeds then never switches. An epoch whose factor jumps by more than `CHANGE`
+    waits for a second that agrees; the two then start a new segment, so a device that
+    turned 4x slower is followed within two epochs. `state_dict` carries all of it, so a
+    resumed run decides what the uninterrupted run decides.
+    """
+
+    def __init__(self, threshold: float = WORTHWHILE) -> None:
+        self.threshold = threshold
+        self.segment: list[list[dict[str, float]]] = []
+        self.pending: list[dict[str, float]] | None = None
+        self.anchor: list[dict[str, float]] | None = None
+        self.switches = 0
+
+    def observe(self, plan: BalancePlan, measured: Sequence[Mapping[str, float]]) -> Replan | None:
+        """Add one epoch's per-rank figures (every rank's, allgathered); a switch or None."""
+        if plan.policy == "equal" or len(measured) != plan.world_size:
+            return None
+        epoch = [dict(entry) for entry in measured]
+        if self._changed(epoch):
+            if self.pending is None or not self._same_change(self.pending, epoch):
+                self.pending = epoch
+                return None
+            self.segment, self.anchor = [self.pending], None  # the old rates are gone
+        self.pending = None
+        self.segment = [*self.segment, epoch][-WINDOW:]
+        return self._decide(plan)
+
+    def _changed(self, epoch: list[dict[str, float]]) -> bool:
+        if not self.segment:
+            return False
+        means = self._means()
+        return not _agree(means, _factors(epoch))
+
+    def _same_change(self, first: list[dict[str, float]], second: list[dict[str, float]]) -> bool:
+        """Whether two epochs that left the segment moved the same way on every rank (their
+        sizes may differ: a loaded machine adds its own noise to a real change)."""
+        for mean, a, b in zip(self._means(), _factors(first), _factors(second), strict=True):
+            if mean is None or a is None or b is None:
+                continue
+            da, db = a / mean - 1, b / mean - 1
+            if max(abs(da), abs(db)) > CHANGE and not (
+                da * db > 0 and min(abs(da), abs(db)) > CHANGE / 2
+            ):
+                return False
+        return True
+
+    def _means(self) -> list[float | None]:
+        columns = list(zip(*(_factors(epoch) for epoch in self.segment), strict=True))
+        means: list[float | None] = []
+        for column in columns:
+            values = [v for v in column if v is not None]
+            means.append(sum(values) / len(values) if values else None)
+        return means
+
+    def _noise(self) -> float:
+        """The largest relative standard error of a rank's mean factor over the segment."""
+        worst = 0.0
+        for column in zip(*(_factors(epoch) for epoch in self.segment), strict=True):
+            values = [v for v in column if v is not None]
+            if not values:
+                continue
+            mean = sum(values) / len(values)
+            squares = sum((v / mean - 1) ** 2 for v in values) + PRIOR_SPREAD**2
+            spread = math.sqrt(squares / len(values))
+            worst = max(worst, spread / math.sqrt(len(values)))
+        return worst
+
+    def _decide(self, plan: BalancePlan) -> Replan | None:
+        if len(self.segment) < 2:
+            return None
+        need = max(self.threshold, SIGMAS * self._noise())
+        pooled = _pooled(self.segment)
+        previous = _pooled([self.anchor]) if self.anchor is not None else None
+        change = propose(plan, pooled, threshold=need, previous=previous)
+        if change is None:
+            return None
+        self.anchor, self.segment = pooled, []
+        self.switches += 1
+        return change
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything it remembers, as plain values (for checkpoints)."""
+        return {
+            "segment": self.segment,
+            "pending": self.pending,
+            "anchor": self.anchor,
+            "switches": self.switches,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from `state_dict()`'s values."""
+        self.segment = [list(epoch) for epoch in state.get("segment", [])]
+        self.pending = state.get("pending")
+        self.anchor = state.get("anchor")
+        self.switches = int(state.get("switches", 0))

@@ -25,6 +25,8 @@ __all__ = ["RUN_FILES", "prepare_out", "start_run_folder"]
 # What every run writes into its folder (the workload's own files come on top).
 RUN_FILES = (
     "metrics.json",
+    "metrics.jsonl",
+    "curves.png",
     "summary.json",
     "config.toml",
     "plan.json",

@@ -13,7 +13,7 @@ import torch
 import lbtrain
 from lbtrain.balancer import BalancePlan
 from lbtrain.comm import Communicator
-from lbtrain.trainer.loop import EpochRecord
+from lbtrain.trainer.records import Totals
 
 __all__ = ["build_summary", "format_summary", "peak_rss_mib", "prediction_error", "rank_totals"]
 
@@ -29,18 +29,18 @@ def peak_rss_mib() -> float | None:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
-def rank_totals(comm: Communicator, history: Sequence[EpochRecord]) -> list[dict[str, float]]:
-    """Every rank's compute, wait and communication seconds over `history`, and its peak RSS.
+def rank_totals(comm: Communicator, totals: Totals) -> list[dict[str, float]]:
+    """Every rank's steps, compute, wait and communication seconds over the run, and its
+    peak RSS (MiB, key "peak_rss_mib", left out where the platform cannot read it).
 
-    Collective. The peak RSS (MiB, key "peak_rss_mib") is left out where the platform has
-    no way to read it.
+    Collective.
     """
     mine = {
-        "steps": float(sum(r.steps for r in history)),
-        "seconds": sum(r.seconds for r in history),
-        "compute": sum(r.compute for r in history),
-        "wait": sum(r.wait for r in history),
-        "comm": sum(r.comm for r in history),
+        "steps": float(totals.steps),
+        "seconds": totals.seconds,
+        "compute": totals.compute,
+        "wait": totals.wait,
+        "comm": totals.comm,
     }
     rss = peak_rss_mib()
     if rss is not None:
@@ -48,38 +48,30 @@ def rank_totals(comm: Communicator, history: Sequence[EpochRecord]) -> list[dict
     return comm.allgather(mine)
 
 
-def prediction_error(history: Sequence[EpochRecord]) -> float | None:
-    """Median of |measured - predicted| / predicted step time over epochs 2 and later.
-
-    The first epoch pays one-off costs (allocation, caches, lazy initialisation) that no
-    steady-state model predicts. Epochs without a prediction (an older checkpoint's) are
-    left out.
-    """
-    errors = [
-        abs(r.step_seconds - r.predicted_step_seconds) / r.predicted_step_seconds
-        for r in history
-        if r.epoch >= 1 and r.steps and r.predicted_seconds > 0
-    ]
-    return statistics.median(errors) if errors else None
+def prediction_error(totals: Totals) -> float | None:
+    """Median of |measured - predicted| / predicted step time over epochs 2 and later (the
+    latest ERROR_WINDOW of them); None before there are any."""
+    return statistics.median(totals.errors) if totals.errors else None
 
 
 def build_summary(
     *,
     plan: BalancePlan,
     devices: Sequence[Mapping[str, Any]],
-    history: Sequence[EpochRecord],
+    totals: Totals,
+    ranks_totals: Sequence[Mapping[str, float]],
     evaluations: Sequence[Mapping[str, Any]],
-    totals: Sequence[Mapping[str, float]],
     metrics: Mapping[str, Any] | None,
     wall_seconds: float,
     profile_seconds: float,
 ) -> dict[str, Any]:
-    """The JSON-ready summary.json of a run."""
-    steps = max(1, int(totals[0]["steps"])) if totals else 1
-    train_seconds = sum(r.seconds for r in history)
-    samples = sum(r.samples for r in history)
+    """The JSON-ready summary.json of a run: totals, not the epochs (metrics.jsonl has them).
+
+    `totals` are this rank's (rank 0's) running sums: loss, samples and steps are the job's;
+    `ranks_totals` are every rank's time split, from `rank_totals`.
+    """
     ranks = []
-    for rank, (total, device) in enumerate(zip(totals, devices, strict=True)):
+    for rank, (total, device) in enumerate(zip(ranks_totals, devices, strict=True)):
         step = max(total["compute"] + total["wait"] + total["comm"], 1e-12)
         ranks.append(
             {
@@ -97,6 +89,7 @@ def build_summary(
                 "peak_rss_mib": total.get("peak_rss_mib"),
             }
         )
+    seconds, steps = totals.seconds, totals.steps
     return {
         "versions": {
             "lbtrain": lbtrain.__version__,
@@ -109,42 +102,26 @@ def build_summary(
         "global_batch": plan.global_batch_size,
         "wall_seconds": wall_seconds,
         "profile_seconds": profile_seconds,
-        "train_seconds": train_seconds,
-        "samples_per_second": samples / train_seconds if train_seconds > 0 else None,
-        "measured_step_seconds": train_seconds / steps if history else None,
+        "train_seconds": seconds,
+        "epochs_run": totals.epochs,
+        "steps": steps,
+        "samples_per_second": totals.samples / seconds if seconds > 0 else None,
+        "measured_step_seconds": seconds / steps if steps else None,
         # The prediction for the steps that ran (plans and models change when re-planning),
         # to set beside the measured mean; the plan in force predicts the next step.
-        "predicted_step_seconds": _predicted_per_step(history, plan),
+        "predicted_step_seconds": totals.predicted_seconds / steps
+        if steps
+        else plan.predicted_step_time,
         "plan_predicted_step_seconds": plan.predicted_step_time,
-        "prediction_error_median": prediction_error(history),
-        "epochs": [
-            {
-                "epoch": r.epoch + 1,
-                "loss": r.loss,
-                "train_accuracy": r.accuracy,
-                "seconds": r.seconds,
-                "steps": r.steps,
-                "samples": r.samples,
-                "batch_sizes": r.batch_sizes,
-                "measured_step_seconds": r.step_seconds,
-                "predicted_step_seconds": r.predicted_step_seconds,
-                "idle_fraction": r.idle_fraction,
-                "ranks": r.ranks,
-                "replan": r.replan,
-            }
-            for r in history
-        ],
+        "prediction_error_median": prediction_error(totals),
+        "replans": totals.replans,
+        "first_epoch_loss": totals.first_loss,
+        "last_epoch": totals.last,
+        "per_epoch": "metrics.jsonl",
         "evaluations": list(evaluations),
         "ranks": ranks,
         "metrics": dict(metrics) if metrics else None,
     }
-
-
-def _predicted_per_step(history: Sequence[EpochRecord], plan: BalancePlan) -> float:
-    steps = sum(r.steps for r in history)
-    if steps == 0:
-        return plan.predicted_step_time
-    return sum(r.predicted_seconds for r in history) / steps
 
 
 def format_summary(
@@ -167,7 +144,7 @@ def format_summary(
             "(slowest rank's compute, then the sync)"
             + (f"; median error from epoch 2 on {100 * error:.1f}%" if error is not None else "")
         )
-    replans = sum(1 for epoch in summary["epochs"] if epoch.get("replan"))
+    replans = summary.get("replans", 0)
     if replans:
         lines.append(f"  re-planned {replans} time(s); the plan in force is shown below")
     header = f"  {'rank':>4}  {'device':<10} {'batch':>6}  {'compute':>8} {'comm':>7} {'wait':>7}"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from hyperspectral.cli import PROG, main, translate_argv
+from tests.fixtures.run_files import epoch_records
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,10 +57,9 @@ def _error_line(err: str) -> str:
 
 
 def _trained_pixels(out: Path) -> tuple[int, int]:
-    """(training, test) pixels of a finished run, from summary.json and metrics.json."""
-    summary = json.loads((out / "summary.json").read_text())
+    """(training, test) pixels of a finished run, from metrics.jsonl and metrics.json."""
     metrics = json.loads((out / "metrics.json").read_text())
-    return summary["epochs"][-1]["samples"], metrics["total"]
+    return epoch_records(out)[-1]["samples"], metrics["total"]
 
 
 def test_help_documents_every_option_with_its_default():

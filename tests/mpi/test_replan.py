@@ -13,10 +13,9 @@ are threads of one process share the interpreter, which blurs what each rank mea
 
 from __future__ import annotations
 
-import json
-
 from lbtrain.balancer import BalancePlan, ReplicaSpeed
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
+from tests.fixtures.run_files import epoch_records
 from tests.mpi.launch import run_mpi
 from tests.ranks import lbtrain_ranks
 
@@ -28,9 +27,8 @@ EMULATED = "--time-budget 2 --emulate-slowdown 1,4 --emulate-change 3:4,1".split
 
 
 def _outcome(out):
-    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     model = load_checkpoint(find_checkpoint(out))["model"]
-    return [epoch["batch_sizes"] for epoch in summary["epochs"]], model
+    return [epoch["batch_sizes"] for epoch in epoch_records(out)], model
 
 
 def _first_plan(folder, sizes: list[int]):
@@ -50,7 +48,9 @@ def test_the_plan_follows_a_mid_run_slowdown_change_only_with_replan_auto(tmp_pa
     first, last = batches[0], batches[-1]
     assert first[0] > first[1], f"rank 0 starts 4x faster and must get more: {batches}"
     assert last[1] > last[0], f"after the swap rank 1 is the fast one: {batches}"
-    assert "after epoch 3: re-planned" in auto.stdout, auto.stdout
+    # Epochs 3 and 4 measured the change (two that agree): it switches after epoch 4.
+    assert "after epoch 4: re-planned" in auto.stdout, auto.stdout
+    assert auto.stdout.count("re-planned") == 1, auto.stdout
 
     # The same run with --replan off, from the auto run's first plan: the batches never
     # move, and the weights are the auto run's, up to float32 rounding (other splits of the

@@ -335,6 +335,41 @@ def test_ctrl_c_outside_training_is_one_line_for_the_whole_job_and_exit_130(tmp_
     assert "Traceback" not in job.stderr and not (out / "profiles.json").exists(), job.output()
 
 
+@pytest.mark.parametrize("phase", ["profiling", "evaluate", "draw"])
+def test_sigterm_in_any_phase_ends_the_job_with_143_and_a_resumable_checkpoint(tmp_path, phase):
+    # What a scheduler does at the end of a job's time: SIGTERM to every process. Outside
+    # the training steps there is no step to wait for: the job ends at once with one line
+    # and 143; once training has run, its last checkpoint lets a resume finish the run.
+    # The faulty workload holds in the phase (and says so in a marker file), and profiling
+    # is made to last (--emulate-slowdown 1000), so the signal lands there on any machine.
+    out, pids = tmp_path / "run", tmp_path / "pids"
+    args = [*_faulty("--pid-dir", str(pids)), "--epochs", "2", "--out", str(out)]
+    if phase == "profiling":
+        args += ["--emulate-slowdown", "1000", "--time-budget", "600"]
+    else:
+        args += ["--plan", str(plan_file(tmp_path, [1.0, 3.0])), "--hold", phase]
+    job = Job(tmp_path, 2, args, pid_dir=pids)
+    if phase == "profiling":
+        job.wait_for(pids / "rank-1.pid", timeout=60)
+        job.wait_for(pids / "rank-0.pid", timeout=60)
+    else:
+        job.wait_for(pids / f"rank-0.hold-{phase}", timeout=60)
+    for pid in job.rank_pids().values():
+        os.kill(pid, signal.SIGTERM)
+    code = job.finish(timeout=30)
+    assert code == 143, job.output()
+    assert job.stderr.count("lbtrain: terminated (SIGTERM)") == 1, job.output()
+    assert "Traceback" not in job.stderr, job.output()
+    saved = list_checkpoints(out / "checkpoints")
+    if phase == "profiling":
+        assert not saved, job.output()
+        return
+    assert saved and load_checkpoint(saved[-1])["global_step"] == 10, job.output()
+    code, job = run(tmp_path, 2, "--resume", str(out), "--hold", "none", "--quiet")
+    assert code == 0, job.output()
+    assert (out / "metrics.json").exists()
+
+
 # ---------------------------------------------------------------------------------------
 # Bad input: exit 2, one error line (not one per rank), before any real work. Each check
 # is in tests/unit/test_train_ranks.py on in-process ranks; under mpiexec, one checked by

@@ -241,9 +241,33 @@ def test_a_resumed_run_with_dropout_draws_the_masks_one_go_draws(tmp_path):
 
     # The comparison can fail: the same resume without the saved RNG state ends elsewhere.
     checkpoint = load_checkpoint(saved)
-    checkpoint["rng"] = []
+    checkpoint["ranks"] = []
     torch.save(checkpoint, tmp_path / "no-rng.pt")
     job = lbtrain_ranks(1, "train", "--resume", str(tmp_path / "no-rng.pt"), "--epochs", "2",
                         "--quiet", "--out", str(tmp_path / "no-rng"))  # fmt: skip
     assert job.codes == [0], job.output()
     assert max_difference(trained(tmp_path / "no-rng")[0], one_go) > 1e-6
+
+
+# ---------------------------------------------------------------------------------------
+# The divergence guard: a run whose loss ran away stops on every rank with one line
+
+
+def test_a_diverging_run_stops_every_rank_with_one_line_and_exit_1(tmp_path):
+    from tests.fixtures.run_files import entries
+
+    args = [*faulty("--plan", str(plan_file(tmp_path, [1.0, 1.0]))), "--epochs", "3"]
+    job = lbtrain_ranks(2, *args, "--lr", "1e9", "--out", str(tmp_path / "run"))
+    assert job.codes == [1, 1], job.output()
+    line = _one_error_line(job)
+    assert "training diverged at epoch 1" in line and "--divergence off" in line, line
+    stop = entries(tmp_path / "run")[-1]
+    assert stop["type"] == "stop" and stop["code"] == 1 and "diverged" in stop["reason"], stop
+    # The test can fail: with the guard off the same run exits 0 with its useless model.
+    job = lbtrain_ranks(
+        2, *args, "--lr", "1e9", "--divergence", "off", "--out", str(tmp_path / "off")
+    )
+    assert job.codes == [0, 0], job.output()
+    # And a run that learns is left alone.
+    job = lbtrain_ranks(2, *args, "--out", str(tmp_path / "fine"))
+    assert job.codes == [0, 0], job.output()

@@ -23,9 +23,10 @@ from lbtrain.trainer.checkpoint import (
     save_checkpoint,
 )
 from lbtrain.trainer.config import TrainConfig, load_toml, save_toml
-from lbtrain.trainer.loop import StopSignal, TrainingDiverged, fit
+from lbtrain.trainer.engine import Engine, TrainingDiverged
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
 from lbtrain.trainer.progress import Progress
+from lbtrain.trainer.signals import StopSignal
 from lbtrain.workloads import ConfusionEvaluator, WorkloadOption, WorkloadPlugin, toy_workload
 
 
@@ -194,10 +195,11 @@ def test_fit_in_one_process_is_plain_minibatch_training():
     loader = balanced_loader([1.0], data, global_batch_size=16, rank=0, seed=3)
     opt = build_optimizer(model.parameters(), "sgd", lr=0.1)
     sched = build_scheduler(opt, "constant", 6, 3)
-    result = fit(
+    engine = Engine(
         model, opt, sched, loader, comm,
         loss_fn=nn.functional.cross_entropy, device=torch.device("cpu"), epochs=2,
     )  # fmt: skip
+    result = engine.fit()
     assert (result.epoch, result.step, result.global_step) == (2, 0, 6)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     for epoch in range(2):
@@ -209,7 +211,8 @@ def test_fit_in_one_process_is_plain_minibatch_training():
             ref_opt.step()
     for a, b in zip(model.parameters(), reference.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
-    assert math.isfinite(result.history[-1].loss) and result.history[-1].samples == 40
+    last = result.totals.last
+    assert math.isfinite(last["loss"]) and last["samples"] == 40 and last["accuracy"] is None
 
 
 def test_a_nan_loss_stops_fit_naming_epoch_and_step():
@@ -225,10 +228,10 @@ def test_a_nan_loss_stops_fit_naming_epoch_and_step():
         return loss * float("nan") if len(calls) == 3 else loss
 
     with pytest.raises(TrainingDiverged, match="epoch 2, step 1"):
-        fit(
+        Engine(
             model, opt, build_scheduler(opt, "constant", 4, 2), loader,
             SingleProcessCommunicator(), loss_fn=loss_fn, device=torch.device("cpu"), epochs=2,
-        )  # fmt: skip
+        ).fit()  # fmt: skip
 
 
 def test_a_signal_stops_after_the_step_with_its_exit_status():
@@ -239,13 +242,13 @@ def test_a_signal_stops_after_the_step_with_its_exit_status():
     loader = balanced_loader([1.0], data, global_batch_size=2, rank=0)
     opt = build_optimizer(model.parameters(), "sgd", lr=0.1)
     stop = StopSignal()
-    with stop.installed():
+    with stop.installed(), stop.deferring():  # as while training: a request, not an end
         signal.raise_signal(signal.SIGTERM)
-        result = fit(
+        result = Engine(
             model, opt, build_scheduler(opt, "constant", 8, 4), loader,
             SingleProcessCommunicator(), loss_fn=nn.functional.cross_entropy,
             device=torch.device("cpu"), epochs=2, stop=stop,
-        )  # fmt: skip
+        ).fit()  # fmt: skip
     assert (result.stop_code, result.epoch, result.step, result.global_step) == (143, 0, 1, 1)
 
 

@@ -7,14 +7,15 @@ import resource
 import pytest
 
 from lbtrain import SingleProcessCommunicator, plan_batches
-from lbtrain.trainer.loop import EpochRecord
+from lbtrain.trainer.records import EpochRecord, Totals
 from lbtrain.trainer.summary import build_summary, peak_rss_mib, rank_totals
 
 
 def test_rank_totals_carry_this_process_peak_rss_in_mib():
-    history = [EpochRecord(epoch=0, steps=3, seconds=1.5, compute=1.0, wait=0.3, comm=0.2)]
+    mine = Totals()
+    mine.add(EpochRecord(epoch=0, steps=3, seconds=1.5, compute=1.0, wait=0.3, comm=0.2))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    (totals,) = rank_totals(SingleProcessCommunicator(), history)
+    (totals,) = rank_totals(SingleProcessCommunicator(), mine)
     after = peak_rss_mib()
     assert totals["steps"] == 3.0 and totals["compute"] == pytest.approx(1.0)
     # A peak only grows, and a Python process with torch loaded holds tens of MiB at least.
@@ -29,7 +30,8 @@ def test_summary_writes_each_rank_peak_rss():
         for m in (512.0, 640.5)
     ]
     summary = build_summary(
-        plan=plan, devices=devices, history=[], evaluations=[], totals=totals, metrics=None,
+        plan=plan, devices=devices, totals=Totals(), evaluations=[], ranks_totals=totals,
+        metrics=None,
         wall_seconds=2.0, profile_seconds=0.5,
     )  # fmt: skip
     assert [row["peak_rss_mib"] for row in summary["ranks"]] == [512.0, 640.5]
@@ -37,7 +39,8 @@ def test_summary_writes_each_rank_peak_rss():
     for total in totals:
         del total["peak_rss_mib"]
     summary = build_summary(
-        plan=plan, devices=devices, history=[], evaluations=[], totals=totals, metrics=None,
+        plan=plan, devices=devices, totals=Totals(), evaluations=[], ranks_totals=totals,
+        metrics=None,
         wall_seconds=2.0, profile_seconds=0.5,
     )  # fmt: skip
     assert [row["peak_rss_mib"] for row in summary["ranks"]] == [None, None]

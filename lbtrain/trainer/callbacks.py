@@ -1,0 +1,239 @@
+"""The concerns of a run, one callback each: progress, re-planning, metrics, divergence,
+evaluation, checkpoints. The engine calls them in the order of their `order`.
+
+Every callback runs on every rank and decides from values every rank holds alike (the
+control allreduce's sums, the allgathered epoch figures), so all ranks act at the same step
+without another collective; what only rank 0 does (printing, writing) it says so.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lbtrain.balancer import BalancePlan
+from lbtrain.trainer.control import Control
+from lbtrain.trainer.engine import Callback, Engine, StepTimes, TrainingDiverged
+from lbtrain.trainer.progress import Progress
+from lbtrain.trainer.records import EpochRecord
+from lbtrain.trainer.replan import Replanner
+
+__all__ = [
+    "CheckpointCallback",
+    "DivergenceGuard",
+    "EvaluateCallback",
+    "MetricsCallback",
+    "ProgressCallback",
+    "ReplanCallback",
+]
+
+
+class ProgressCallback(Callback):
+    """Rank 0's bar or lines: the running loss per step, one line per epoch."""
+
+    order = 10
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self._open = False
+
+    def on_step_end(self, engine: Engine, control: Control, times: StepTimes) -> None:
+        record, state = engine.state.record, engine.state
+        assert record is not None
+        if not self._open:
+            self.progress.start_epoch(state.epoch, len(engine.loader), state.step - 1)
+            self._open = True
+        self.progress.step(state.step - 1, record.loss, record.samples / max(record.seconds, 1e-9))
+
+    def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
+        self._open = False
+        accuracy = "" if record.accuracy is None else f"  train acc {100 * record.accuracy:6.2f} %"
+        self.progress.end_epoch(
+            f"epoch {record.epoch + 1}/{engine.state.epochs}  loss {record.loss:.4f}{accuracy}"
+            f"  {record.seconds:.1f} s  {record.samples / max(record.seconds, 1e-9):,.0f} "
+            f"samples/s  step {1e3 * record.step_seconds:.1f} ms (predicted "
+            f"{1e3 * record.predicted_step_seconds:.1f})  idle {100 * record.idle_fraction:.0f} %"
+        )
+
+    def on_fit_end(self, engine: Engine) -> None:
+        self.progress.close()
+
+
+class ReplanCallback(Callback):
+    """At each epoch's end, rank 0's re-planning decision, from what every rank measured."""
+
+    order = 20
+    key = "replanner"
+
+    def __init__(self, replanner: Replanner, say: Callable[[str], None]) -> None:
+        self.replanner = replanner
+        self.say = say
+
+    def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
+        # Also after the last epoch: a run extended later (--resume --epochs more) then
+        # decides what one run of that length decides.
+        plan = engine.loader.plan
+        change = self.replanner.observe(plan, record.ranks)
+        # Rank 0's decision for all: every rank must switch to the very same plan.
+        chosen = engine.comm.bcast(None if change is None else change.plan.to_dict(), root=0)
+        if chosen is None:
+            return
+        if change is not None:
+            record.replan = change.to_dict(plan)
+            self.say(f"  after epoch {record.epoch + 1}: {change.describe(plan)}")
+        engine.loader.set_plan(BalancePlan.from_dict(chosen))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.replanner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.replanner.load_state_dict(state)
+
+
+class MetricsCallback(Callback):
+    """Streams each epoch's record (and every logged entry) to `write`, on rank 0."""
+
+    order = 30
+
+    def __init__(self, write: Callable[[dict[str, Any]], None] | None) -> None:
+        self.write = write
+
+    def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
+        engine.log(record.to_metrics())
+
+    def on_log(self, engine: Engine, entry: dict[str, Any]) -> None:
+        if self.write is not None:
+            self.write(entry)
+
+
+class DivergenceGuard(Callback):
+    """Stops a run whose loss ran away, on every rank at the same step, with one line.
+
+    Diverged: a step's loss above `factor` x the run's first step's loss, or an epoch loss
+    that grew for `patience` epochs in a row to above the first epoch's. A NaN or infinite
+    loss is caught by the engine itself, on or off.
+    """
+
+    order = 40
+    key = "divergence"
+
+    def __init__(self, factor: float = 1e3, patience: int = 8) -> None:
+        self.factor, self.patience = factor, patience
+        self.first_step: float | None = None
+        self.first_epoch: float | None = None
+        self.previous: float | None = None
+        self.growing = 0
+
+    def on_step_end(self, engine: Engine, control: Control, times: StepTimes) -> None:
+        loss = control.loss  # the global batch's mean loss: the same on every rank
+        if self.first_step is None:
+            if loss > 0 and math.isfinite(loss):
+                self.first_step = loss
+            return
+        if loss > self.factor * self.first_step:
+            self._stop(
+                engine,
+                f"the training loss reached {loss:.4g}, more than "
+                f"{self.factor:g} x its first value {self.first_step:.4g}",
+            )
+
+    def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
+        loss = record.loss
+        if self.first_epoch is None:
+            self.first_epoch = loss
+        self.growing = self.growing + 1 if self.previous is not None and loss > self.previous else 0
+        self.previous = loss
+        if self.growing >= self.patience and loss > self.first_epoch:
+            self._stop(
+                engine,
+                f"the training loss grew for {self.growing} epochs in a row, "
+                f"to {loss:.4g} (first epoch: {self.first_epoch:.4g})",
+            )
+
+    def _stop(self, engine: Engine, what: str) -> None:
+        state = engine.state
+        where = (
+            f"at epoch {state.epoch + 1}, step {state.step}"
+            if state.step
+            else f"after epoch {state.epoch}"
+        )
+        raise TrainingDiverged(
+            f"training diverged {where}: {what}; lower the learning rate (--lr), or turn the "
+            "guard off with --divergence off; earlier checkpoints are kept"
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "first_step": self.first_step,
+            "first_epoch": self.first_epoch,
+            "previous": self.previous,
+            "growing": self.growing,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.first_step, self.first_epoch = state.get("first_step"), state.get("first_epoch")
+        self.previous, self.growing = state.get("previous"), int(state.get("growing", 0))
+
+
+class EvaluateCallback(Callback):
+    """Evaluates every `every` epochs before the last (the last is the job's final one)."""
+
+    order = 50
+    key = "evaluations"
+
+    def __init__(
+        self,
+        evaluate: Callable[[], dict[str, Any]],
+        every: int,
+        headline: tuple[str, ...],
+        say: Callable[[str], None],
+    ) -> None:
+        self.evaluate, self.every, self.headline, self.say = evaluate, every, headline, say
+        self.evaluations: list[dict[str, Any]] = []
+
+    def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
+        epoch = record.epoch + 1
+        if self.every and epoch % self.every == 0 and not engine.state.finished:
+            self.add(engine, epoch, self.evaluate())
+
+    def add(self, engine: Engine, epoch: int, metrics: dict[str, Any]) -> None:
+        """Keep (and log) one evaluation's headline figures."""
+        shown = {name: metrics[name] for name in self.headline if name in metrics}
+        self.evaluations.append({"epoch": epoch, **shown})
+        engine.log({"type": "eval", "epoch": epoch, "time": time.time(), "metrics": shown})
+        self.say("  eval: " + "  ".join(f"{k} {v:.4f}" for k, v in shown.items()))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"evaluations": self.evaluations}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.evaluations = list(state.get("evaluations", []))
+
+
+class CheckpointCallback(Callback):
+    """Saves every `every` epochs, after the last one, and where a signal stopped the run."""
+
+    order = 60
+
+    def __init__(self, save: Callable[[Engine], Path | None], every: int) -> None:
+        self.save, self.every = save, every
+        self.saved_at: int | None = None  # the global step of the newest checkpoint
+        self.path: Path | None = None
+
+    def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
+        epoch = record.epoch + 1
+        if engine.state.finished or (self.every and epoch % self.every == 0):
+            self._save(engine)
+
+    def on_fit_end(self, engine: Engine) -> None:
+        # Stopped by a signal, or resumed from a finished run into a new folder: this run's
+        # folder gets the checkpoint of where it ended.
+        if self.saved_at != engine.state.global_step:
+            self._save(engine)
+
+    def _save(self, engine: Engine) -> None:
+        self.path = self.save(engine)
+        self.saved_at = engine.state.global_step

@@ -1,0 +1,353 @@
+"""The engine: the one training loop in the repository, and the hooks every concern uses.
+
+Each step, every rank computes the mean loss over its share b_i of the global batch and
+backpropagates it weighted by b_i / B through `BalancedDataParallel` (the wrapper a user's
+own loop uses); the gradients are sum-allreduced in persistent buckets; one small allreduce
+(`Control`) shares the loss, the step metric, stop requests and whether any loss went
+non-finite; every rank takes the same optimizer step. The update is the one a single
+process would make on the whole global batch.
+
+With overlap on, each bucket's allreduce starts during backward. The control allreduce
+comes after backward on purpose: ranks arrive there as their compute ends, so its duration
+is this rank's *waiting* for the slowest, and the wait for the gradient buckets after it
+measures the *communication* not hidden behind backward.
+
+Everything else (progress, re-planning, metrics, evaluation, checkpoints, the divergence
+guard, the trace) is a `Callback` (lbtrain/trainer/callbacks.py). At an epoch's end the
+engine calls them in the order of their `order`: progress, re-plan, metrics, divergence,
+evaluation, checkpoint; so a checkpoint holds the next epoch's plan and the evaluation.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from lbtrain.comm import Communicator
+from lbtrain.data import BalancedLoader
+from lbtrain.devices import synchronize
+from lbtrain.emulation import Slowdown, rank_cpu_time
+from lbtrain.parallel import BalancedDataParallel
+from lbtrain.session import CollectiveError
+from lbtrain.trainer.control import Control
+from lbtrain.trainer.records import EpochRecord, Totals
+from lbtrain.trainer.replan import predicted_steps
+from lbtrain.trainer.signals import StopSignal
+
+__all__ = ["Callback", "Engine", "RunState", "StepTimer", "StepTimes", "TrainingDiverged"]
+
+
+class TrainingDiverged(CollectiveError):
+    """The loss went non-finite or ran away; every rank raises it at the same step."""
+
+
+@dataclass
+class RunState:
+    """Where the run is: `epoch` full epochs plus `step` steps of the next are done."""
+
+    epochs: int
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+    stop_code: int = 0
+    totals: Totals = field(default_factory=Totals)
+    record: EpochRecord | None = None  # the epoch in progress (or the one a stop cut short)
+
+    @property
+    def finished(self) -> bool:
+        """Every epoch ran."""
+        return self.epoch >= self.epochs
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """One step's phases on this rank's clock: compute, wait for the slowest, sync, update."""
+
+    start: float
+    computed: float
+    waited: float
+    synced: float
+    done: float
+    samples: int
+
+    @property
+    def compute(self) -> float:
+        """Forward, backward and the optimizer step."""
+        return (self.computed - self.start) + (self.done - self.synced)
+
+    @property
+    def wait(self) -> float:
+        """Idle in the control allreduce, for the slowest rank."""
+        return self.waited - self.computed
+
+    @property
+    def comm(self) -> float:
+        """Gradient communication not hidden behind backward."""
+        return self.synced - self.waited
+
+
+class StepTimer:
+    """The engine's clock; tests pass one whose times follow a model, so decisions made
+    from timing (re-planning) repeat exactly."""
+
+    def now(self) -> float:
+        """Seconds on a monotonic clock."""
+        return time.perf_counter()
+
+    def times(self, marks: Sequence[float], samples: int, epoch: int) -> StepTimes:
+        """The step's phases from the five marks the engine took, for `samples` computed
+        in (0-based) `epoch`."""
+        return StepTimes(*marks, samples=samples)
+
+
+class Callback:
+    """A hook into the engine; override what you need. `key` names its checkpointed state."""
+
+    order: ClassVar[int] = 50
+    key: ClassVar[str | None] = None
+
+    def on_fit_start(self, engine: Engine) -> None:
+        """Before the first step of this process (after a resume: the first it takes)."""
+
+    def on_step_end(self, engine: Engine, control: Control, times: StepTimes) -> None:
+        """After each step's update; `control` holds the job's sums."""
+
+    def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
+        """After an epoch, on every rank, with every rank's figures in `record.ranks`."""
+
+    def on_log(self, engine: Engine, entry: dict[str, Any]) -> None:
+        """A metrics entry (epoch, eval, stop) to keep; rank 0 writes, others ignore."""
+
+    def on_fit_end(self, engine: Engine) -> None:
+        """After training ends: all epochs done, or stopped (`engine.state.stop_code`)."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """What a checkpoint keeps of it (None: nothing)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()`'s values."""
+
+
+class Engine:
+    """Trains `model` for `epochs` with the balanced wrapper, calling `callbacks`; collective.
+
+    Args:
+        model, optimizer, scheduler: the scheduler is stepped once per global batch.
+        loader: this rank's balanced loader (its plan can change between epochs).
+        comm: the job's communicator.
+        loss_fn: mean-reduced loss on (outputs, targets).
+        device: this rank's device.
+        epochs: total epochs of the run.
+        step_metric: summed metric of a step (a classifier's correct predictions), or None.
+        slowdown_at: the emulated slowdown of each epoch (a testing aid).
+        weighting: "share" (exact) or "uniform" (1/P, as DDP; only to compare).
+        overlap: start bucket allreduces during backward.
+        stop: the run's signal catcher; a request on any rank stops every rank after a step.
+        callbacks: the concerns (see the module docstring).
+        timer: the clock (default wall time).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        loader: BalancedLoader,
+        comm: Communicator,
+        *,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        device: torch.device,
+        epochs: int,
+        step_metric: Callable[[torch.Tensor, torch.Tensor], float] | None = None,
+        slowdown_at: Callable[[int], Slowdown] | None = None,
+        weighting: str = "share",
+        overlap: bool = True,
+        stop: StopSignal | None = None,
+        callbacks: Iterable[Callback] = (),
+        timer: StepTimer | None = None,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.loader, self.comm, self.device = loader, comm, device
+        self.loss_fn, self.step_metric = loss_fn, step_metric
+        self.slowdown_at = slowdown_at or (lambda epoch: Slowdown(1.0))
+        self.weighting, self.overlap = weighting, overlap
+        self.stop = stop or StopSignal()
+        self.callbacks = sorted(callbacks, key=lambda c: c.order)
+        self.timer = timer or StepTimer()
+        self.state = RunState(epochs)
+        self.parallel: BalancedDataParallel | None = None
+        self._cpu_timer = rank_cpu_time if device.type == "cpu" else None
+
+    def add_callbacks(self, callbacks: Iterable[Callback]) -> None:
+        """Add callbacks; the engine keeps them in the order of their `order`."""
+        self.callbacks = sorted([*self.callbacks, *callbacks], key=lambda c: c.order)
+
+    def callback(self, kind: type[Callback]) -> Callback | None:
+        """The first callback of this type, if any."""
+        return next((c for c in self.callbacks if isinstance(c, kind)), None)
+
+    def log(self, entry: dict[str, Any]) -> None:
+        """Hand a metrics entry to the callbacks that keep them."""
+        for callback in self.callbacks:
+            callback.on_log(self, entry)
+
+    def fit(self) -> RunState:
+        """Train from the state's position to the end, or to a stop; collective."""
+        state = self.state
+        self.model.train()
+        # The wrapper a user's loop uses; its wait comes after the control allreduce.
+        self.parallel = BalancedDataParallel(
+            self.model,
+            self.comm,
+            self.loader,
+            overlap=self.overlap,
+            sync_in_backward=False,
+            weighting=self.weighting,
+        )
+        try:
+            with self.stop.deferring():
+                for callback in self.callbacks:
+                    callback.on_fit_start(self)
+                while not state.finished and not state.stop_code:
+                    self._epoch()
+                if not state.stop_code:
+                    # A signal after the last step's control (during the last evaluation or
+                    # checkpoint) is read here: the run ends with its status, not later.
+                    state.stop_code = (
+                        Control.of_step(0, 0.0, 0, 0, self.stop.code).allreduce(self.comm).stop_code
+                    )
+            for callback in self.callbacks:
+                callback.on_fit_end(self)
+        except TrainingDiverged as exc:
+            self.log(
+                {
+                    "type": "stop",
+                    "epoch": state.epoch + 1,
+                    "step": state.step,
+                    "reason": f"diverged: {exc}",
+                    "code": 1,
+                    "time": time.time(),
+                }
+            )
+            raise
+        finally:
+            self.parallel.gradients.close()  # hooks go; the gradients stay bucket views
+        return state
+
+    def _epoch(self) -> None:
+        state, loader = self.state, self.loader
+        epoch = state.epoch
+        loader.set_epoch(epoch)
+        slowdown = self.slowdown_at(epoch)
+        plan = loader.plan
+        # The plan's prediction for each step, to set beside what the step measures.
+        predictions = [
+            predicted_steps(plan, shares, self.comm.rank)
+            for _, _, shares in loader.batch_sampler.schedule
+        ]
+        if state.record is None or state.step == 0:
+            state.record = EpochRecord(
+                epoch, slowdown=slowdown.factor, batch_sizes=list(plan.batch_sizes)
+            )
+            if self.step_metric is not None:
+                state.record.metric_sum = 0.0
+        record, first = state.record, state.step
+        began = self.timer.now() - record.seconds  # an interrupted epoch's time carries on
+        for step, (inputs, targets) in enumerate(loader):
+            if step < first:  # resuming mid-epoch: same permutation, skip what was done
+                continue
+            control, times = self._step(inputs, targets, slowdown)
+            self._count(record, control, times, predictions[step])
+            record.seconds = self.timer.now() - began
+            state.step, state.global_step = step + 1, state.global_step + 1
+            for callback in self.callbacks:
+                callback.on_step_end(self, control, times)
+            if control.stop_code:
+                state.stop_code = control.stop_code
+                break
+        if state.stop_code and state.step < len(loader):
+            return  # an interrupted epoch: its record travels in the checkpoint
+        self._end_epoch(record)
+
+    def _end_epoch(self, record: EpochRecord) -> None:
+        state = self.state
+        record.lr = float(self.optimizer.param_groups[0]["lr"])
+        record.ranks = self.comm.allgather(record.measured())
+        state.epoch, state.step = state.epoch + 1, 0
+        state.totals.add(record)
+        for callback in self.callbacks:
+            callback.on_epoch_end(self, record)
+        state.totals.last = record.to_metrics()  # with the re-plan, if one was made
+        state.record = None
+
+    def _step(self, inputs: Any, targets: Any, slowdown: Slowdown) -> tuple[Control, StepTimes]:
+        parallel, loader, now = self.parallel, self.loader, self.timer.now
+        assert parallel is not None
+        weight, value, metric = loader.weight, 0.0, 0.0
+        start = now()
+        parallel.zero_grad()
+        if not loader.empty:  # a zero share computes nothing and adds zeros in the sync
+            with slowdown.step(synchronize=self._sync_device, cpu_timer=self._cpu_timer):
+                inputs, targets = inputs.to(self.device), targets.to(self.device)
+                outputs = parallel(inputs)
+                loss = self.loss_fn(outputs, targets)
+                loss.backward()
+            value = float(loss.detach())
+            if self.step_metric is not None:
+                metric = self.step_metric(outputs.detach(), targets)
+        # Buckets not started from backward start before the control allreduce, so every
+        # rank starts its collectives in the same order.
+        parallel.launch()
+        computed = now()
+        control = Control.of_step(weight, value, metric, len(targets), self.stop.code)
+        control = control.allreduce(self.comm)
+        waited = now()
+        parallel.finish()  # also on the way out: no collective left in flight
+        if control.nonfinite:
+            self._diverged(value, control)
+        synced = now()
+        with slowdown.step(synchronize=self._sync_device, cpu_timer=self._cpu_timer):
+            self.optimizer.step()
+            self.scheduler.step()
+        marks = (start, computed, waited, synced, now())
+        samples = 0 if loader.empty else len(targets)
+        return control, self.timer.times(marks, samples, self.state.epoch)
+
+    def _count(
+        self,
+        record: EpochRecord,
+        control: Control,
+        times: StepTimes,
+        prediction: tuple[float, float],
+    ) -> None:
+        batch = int(control.samples)
+        record.steps += 1
+        record.samples += batch
+        record.own_samples += times.samples
+        record.loss_sum += control.loss * batch
+        if record.metric_sum is not None:
+            record.metric_sum += control.metric
+        record.predicted_compute += prediction[0]
+        record.predicted_seconds += prediction[1]
+        record.compute += times.compute
+        record.wait += times.wait
+        record.comm += times.comm
+
+    def _diverged(self, value: float, control: Control) -> None:
+        state = self.state
+        shown = value if not math.isfinite(value) else "non-finite"
+        raise TrainingDiverged(
+            f"the training loss became {shown} at epoch {state.epoch + 1}, step "
+            f"{state.step + 1} (on {int(control.nonfinite)} rank(s)); lower the learning rate "
+            "(--lr), or check the data for NaN or infinite values; earlier checkpoints are kept"
+        )
+
+    def _sync_device(self) -> None:
+        synchronize(self.device)

@@ -1,0 +1,166 @@
+"""What a run measures: one epoch's record, and per-rank running totals for the summary.
+
+Records stream to metrics.jsonl as they close; only running totals stay in memory and in
+checkpoints, so a run of 40,000 epochs holds as much as one of 4.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EpochRecord", "Totals"]
+
+
+@dataclass
+class EpochRecord:
+    """One epoch as this rank saw it; loss and metric sums are over the whole global batch."""
+
+    epoch: int
+    steps: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0
+    metric_sum: float | None = None
+    seconds: float = 0.0
+    compute: float = 0.0
+    wait: float = 0.0
+    comm: float = 0.0
+    own_samples: int = 0
+    predicted_compute: float = 0.0
+    predicted_seconds: float = 0.0
+    slowdown: float = 1.0
+    lr: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)
+    ranks: list[dict[str, float]] = field(default_factory=list)
+    replan: dict[str, Any] | None = None
+
+    @property
+    def step_seconds(self) -> float:
+        """Measured seconds per step."""
+        return self.seconds / max(self.steps, 1)
+
+    @property
+    def predicted_step_seconds(self) -> float:
+        """The plan's predicted seconds per step, for the steps this epoch took."""
+        return self.predicted_seconds / max(self.steps, 1)
+
+    @property
+    def idle_fraction(self) -> float:
+        """The share of the working ranks' time spent waiting for the slowest.
+
+        Ranks with no samples are left out: the plan idles them on purpose (and says so).
+        """
+        working = [r for r in self.ranks if r["samples"] > 0]
+        total = sum(r["seconds"] for r in working)
+        return sum(r["wait"] for r in working) / total if total > 0 else 0.0
+
+    @property
+    def loss(self) -> float:
+        """Mean training loss over the epoch's samples."""
+        return self.loss_sum / max(self.samples, 1)
+
+    @property
+    def accuracy(self) -> float | None:
+        """The workload's step metric over the epoch's samples (None without one)."""
+        return None if self.metric_sum is None else self.metric_sum / max(self.samples, 1)
+
+    def measured(self) -> dict[str, float]:
+        """What this rank shares at the end of an epoch (the log, the summary, re-planning)."""
+        return {
+            "compute": self.compute,
+            "predicted": self.predicted_compute,
+            "wait": self.wait,
+            "comm": self.comm,
+            "seconds": self.seconds,
+            "samples": float(self.own_samples),
+            "steps": float(self.steps),
+            "slowdown": self.slowdown,
+            "seconds_per_sample": self.compute / self.own_samples if self.own_samples else 0.0,
+        }
+
+    def to_metrics(self) -> dict[str, Any]:
+        """The metrics.jsonl line of this epoch (1-based epoch)."""
+        return {
+            "type": "epoch",
+            "epoch": self.epoch + 1,
+            "time": time.time(),
+            "steps": self.steps,
+            "samples": self.samples,
+            "loss": self.loss,
+            "accuracy": self.accuracy,
+            "lr": self.lr,
+            "seconds": self.seconds,
+            "step_seconds": self.step_seconds,
+            "predicted_step_seconds": self.predicted_step_seconds,
+            "idle_fraction": self.idle_fraction,
+            "batch_sizes": list(self.batch_sizes),
+            "ranks": [
+                {
+                    "rank": rank,
+                    **{k: r[k] for k in ("samples", "compute", "wait", "comm", "seconds")},
+                }
+                for rank, r in enumerate(self.ranks)
+            ],
+            "replan": self.replan,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (an interrupted epoch's accumulators travel in a checkpoint)."""
+        return dataclasses.asdict(self)
+
+
+# Epochs whose prediction error the summary's median is taken over: the latest ones.
+ERROR_WINDOW = 256
+
+
+@dataclass
+class Totals:
+    """This rank's running sums over the run, for summary.json; O(1) in the epochs run."""
+
+    epochs: int = 0
+    steps: int = 0
+    samples: int = 0
+    seconds: float = 0.0
+    compute: float = 0.0
+    wait: float = 0.0
+    comm: float = 0.0
+    predicted_seconds: float = 0.0
+    replans: int = 0
+    first_loss: float | None = None
+    last: dict[str, Any] | None = None
+    errors: deque[float] = field(default_factory=lambda: deque(maxlen=ERROR_WINDOW))
+
+    def add(self, record: EpochRecord) -> None:
+        """Count one finished (or interrupted) epoch."""
+        self.epochs += 1
+        self.steps += record.steps
+        self.samples += record.samples
+        self.seconds += record.seconds
+        self.compute += record.compute
+        self.wait += record.wait
+        self.comm += record.comm
+        self.predicted_seconds += record.predicted_seconds
+        self.replans += 1 if record.replan else 0
+        if self.first_loss is None and record.steps:
+            self.first_loss = record.loss
+        # The first epoch pays one-off costs (allocation, caches) no steady model predicts.
+        if record.epoch >= 1 and record.steps and record.predicted_seconds > 0:
+            predicted = record.predicted_step_seconds
+            self.errors.append(abs(record.step_seconds - predicted) / predicted)
+        self.last = record.to_metrics()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values for a checkpoint."""
+        state = dataclasses.asdict(self)
+        state["errors"] = list(self.errors)
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Totals:
+        """The totals a checkpoint saved."""
+        state = dict(state)
+        errors = deque(state.pop("errors", []), maxlen=ERROR_WINDOW)
+        return cls(**state, errors=errors)

@@ -1,0 +1,110 @@
+"""Resuming: reading the checkpoint, and what a resumed run may and may not change.
+
+A setting that would be silently ignored on resume is either applied (the plan's settings:
+policy, min_batch, plan, profiles re-plan) or refused with one line naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
+from lbtrain.trainer.config import TrainConfig
+from lbtrain.trainer.state import FORMAT
+from lbtrain.workloads import Workload
+
+__all__ = ["check_trainable", "read_checkpoint"]
+
+
+def read_checkpoint(resume: str | None) -> dict[str, Any] | None:
+    """The checkpoint `resume` names (None: a fresh run); refuses another format's."""
+    if not resume:
+        return None
+    path = find_checkpoint(resume)
+    state = load_checkpoint(path)
+    if state.get("format") != FORMAT:
+        raise ValueError(
+            f"resume {str(path)!r} was written by an older lbtrain (checkpoint format "
+            f"{state.get('format', 1)}, this one reads {FORMAT}) and cannot continue exactly "
+            "here; start a new run"
+        )
+    state["path"] = str(path)
+    return state
+
+
+def check_trainable(
+    workload: Workload, config: TrainConfig, world_size: int, checkpoint: dict[str, Any] | None
+) -> None:
+    if workload.train_set is None or workload.eval_set is None:
+        raise ValueError(
+            f"workload {config.workload!r} has no training or evaluation data, so it can be "
+            "profiled but not trained; give its Workload a train_set and an eval_set"
+        )
+    # `equal`, the report's baseline, gives every rank at least one sample.
+    least = max(1, config.min_batch)
+    if config.global_batch < world_size * least:
+        raise ValueError(
+            f"global_batch={config.global_batch} is smaller than {world_size} ranks x "
+            f"{least} sample(s) (min_batch={config.min_batch}, and equal gives each rank at "
+            f"least 1); raise global_batch to at least {world_size * least} or launch fewer "
+            "ranks"
+        )
+    if len(workload.train_set) < world_size:  # type: ignore[arg-type]
+        raise ValueError(
+            f"the training set has {len(workload.train_set)} samples, fewer than the "  # type: ignore[arg-type]
+            f"{world_size} ranks; use more training data or fewer ranks"
+        )
+    samples = len(workload.train_set)  # type: ignore[arg-type]
+    if config.global_batch > samples:
+        # Every step would hold the whole set, short of the batch the plan and the profiling
+        # are sized for (and a huge batch would be allocated to time it).
+        raise ValueError(
+            f"global_batch={config.global_batch} is more than the {samples} training samples; "
+            f"use at most {samples} (an epoch is then one step)"
+        )
+    if len(workload.eval_set) == 0:  # type: ignore[arg-type]
+        raise ValueError("the evaluation set is empty; the workload's split left no test data")
+    if checkpoint is not None:
+        _check_resumable(config, checkpoint)
+        theirs, ours = dict(checkpoint.get("signature", {})), dict(workload.signature)
+        if theirs != ours:
+            diff = ", ".join(
+                f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})"
+                for k in sorted(set(theirs) | set(ours))
+                if theirs.get(k) != ours.get(k)
+            )
+            raise ValueError(
+                f"resume {checkpoint['path']!r} was trained on another model or data: {diff}; "
+                "resume with the same workload options, or start a new run"
+            )
+
+
+# Settings a resumed run must keep: its optimizer state, schedule, data order and split were
+# made under them, so a change would silently not apply or train on test pixels.
+_KEPT_ON_RESUME = (
+    "optimizer", "lr", "momentum", "weight_decay", "lr_schedule", "lr_step_epochs", "lr_gamma",
+    "seed", "weighting",
+)  # fmt: skip
+
+
+def _check_resumable(config: TrainConfig, checkpoint: dict[str, Any]) -> None:
+    theirs = dict(checkpoint.get("config", {}))
+    for name in _KEPT_ON_RESUME:
+        if name in theirs and theirs[name] != getattr(config, name):
+            raise ValueError(
+                f"resume {checkpoint['path']!r} was trained with {name}={theirs[name]!r}, this "
+                f"run asks for {name}={getattr(config, name)!r}; leave it out to continue, or "
+                "start a new run"
+            )
+    if int(checkpoint["epoch"]) > config.epochs:
+        raise ValueError(
+            f"resume {checkpoint['path']!r} is already at epoch {checkpoint['epoch']}, beyond "
+            f"epochs={config.epochs}; give epochs of at least {checkpoint['epoch']}"
+        )
+    saved_batch = int(checkpoint["plan"]["global_batch_size"])
+    if int(checkpoint["step"]) and saved_batch != config.global_batch:
+        raise ValueError(
+            f"resume {checkpoint['path']!r} stopped mid-epoch with global_batch={saved_batch}; "
+            f"continue with that global_batch (asked: {config.global_batch}), or resume from "
+            "a checkpoint taken at the end of an epoch"
+        )

@@ -1,0 +1,86 @@
+"""SIGINT and SIGTERM for a whole run: requests while steps run, an immediate end elsewhere.
+
+A scheduler's SIGTERM (or a Ctrl-C) can land at any moment: before the first step, between
+two steps, during an evaluation or while a map is drawn. While training steps run, it is a
+request that every rank reads in the next step's control allreduce, so all ranks stop after
+the same step and save one checkpoint. Outside the steps there is no step to wait for: the
+handler raises at once, and the CLI ends the job with 130 or 143 and one line.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+__all__ = ["SIGNAL_EXIT", "Interrupted", "StopSignal"]
+
+# Exit statuses of a run stopped by a signal, as shells report them (128 + signal number).
+SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class Interrupted(BaseException):  # noqa: N818 (like KeyboardInterrupt, not an error)
+    """A signal outside the training steps; `code` is the exit status (130 or 143)."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.code = SIGNAL_EXIT.get(signum, 128 + int(signum))
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+
+
+class StopSignal:
+    """Catches SIGINT and SIGTERM for the length of a run (see the module docstring).
+
+    A second Ctrl-C while a request waits interrupts at once, for a user who will not wait.
+    """
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.deferred = False
+
+    def request(self, signum: int) -> None:
+        """Ask for a stop as a signal would (tests, and ranks that are threads)."""
+        self.signals.append(signum)
+
+    @property
+    def code(self) -> int:
+        """The exit status asked for: 143 if any SIGTERM came, 130 for SIGINT, else 0."""
+        if signal.SIGTERM in self.signals:
+            return SIGNAL_EXIT[signal.SIGTERM]
+        return SIGNAL_EXIT[signal.SIGINT] if self.signals else 0
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and signal.SIGINT in self.signals:
+            raise KeyboardInterrupt
+        self.signals.append(signum)
+        if not self.deferred:
+            raise Interrupted(signum)
+
+    @contextmanager
+    def deferring(self) -> Iterator[StopSignal]:
+        """While the block runs, a signal is a request read at the next step's control."""
+        before, self.deferred = self.deferred, True
+        try:
+            yield self
+        finally:
+            self.deferred = before
+
+    @contextmanager
+    def installed(self) -> Iterator[StopSignal]:
+        """Catch the signals while the block runs, then restore the previous handlers.
+
+        Only a process's main thread receives signals (and may install handlers); a rank
+        that is another thread (`lbtrain.comm.LocalWorld`) runs without, and stops when a
+        rank that has them asks.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = {s: signal.signal(s, self._handle) for s in SIGNAL_EXIT}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)

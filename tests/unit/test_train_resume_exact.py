@@ -1,0 +1,113 @@
+"""Resume with `--replan auto` is bit for bit: the re-planner's memory is in the checkpoint.
+
+Re-planning decides from measured times, so the runs here take their times from a model
+(`ModelTimer`): rank 1 turns 4x slower from epoch 2 on, and the plan must follow. A run
+stopped by SIGTERM, mid-epoch or at an epoch's end, and resumed, must end on the very
+weights and take the very plans per epoch of the run that was never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import torch
+
+from lbtrain.comm import run_ranks
+from lbtrain.trainer import Callback, StepTimer, TrainConfig, train
+from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
+from lbtrain.trainer.engine import StepTimes
+from tests.fixtures.faulty_runs import BATCH, FAULTY, final_model, plan_file, same
+
+EPOCHS = 7
+
+
+class ModelTimer(StepTimer):
+    """Times that follow a model: rank r's step costs b x cost[r] s, from epoch 2 on rank 1
+    4x more; the sync 1 ms. What the re-planner decides from them never varies."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def times(self, marks, samples: int, epoch: int) -> StepTimes:
+        cost = [1.0, 1 / 3][self.rank] * (4.0 if self.rank == 1 and epoch >= 2 else 1.0)
+        compute = 1e-3 * samples * cost
+        return StepTimes(0.0, compute, compute, compute + 1e-3, compute + 1e-3, samples)
+
+
+class StopAt(Callback):
+    """Rank 1 asks for a stop, as a SIGTERM would, after (epoch, step) (0-based, 1-based)."""
+
+    def __init__(self, epoch: int, step: int) -> None:
+        self.at = (epoch, step)
+
+    def on_step_end(self, engine, control, times) -> None:
+        if engine.comm.rank == 1 and (engine.state.epoch, engine.state.step) == self.at:
+            engine.stop.request(signal.SIGTERM)
+
+
+def _config(folder: Path, **changes) -> TrainConfig:
+    settings = dict(
+        workload=FAULTY, global_batch=BATCH, threads=1, min_batch=1, epochs=EPOCHS,
+        lr_schedule="step", lr_step_epochs=1, lr_gamma=0.5, replan="auto", quiet=True,
+        plan=str(plan_file(folder, [1.0, 3.0])), out=str(folder / "run"),
+    )  # fmt: skip
+    settings.update(changes)
+    return TrainConfig(**settings)
+
+
+def _train(config: TrainConfig, *stops: Callback) -> list[int]:
+    results = run_ranks(
+        2,
+        lambda comm: (
+            train(
+                config, comm, timer=ModelTimer(comm.rank), callbacks=stops if comm.rank else ()
+            ).exit_code
+        ),
+        timeout=120,
+    )
+    for result in results:
+        if result.error is not None:
+            raise result.error
+    return [result.value for result in results]
+
+
+def _plans(run: Path) -> list[list[int]]:
+    lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [e["batch_sizes"] for e in map(json.loads, lines) if e["type"] == "epoch"]
+
+
+def _resume(folder: Path) -> list[int]:
+    run = folder / "run"
+    return _train(_config(folder, resume=str(run), plan=None, out=None))
+
+
+def test_sigterm_mid_epoch_and_at_an_epoch_end_resume_bit_for_bit(tmp_path):
+    whole = tmp_path / "whole"
+    assert _train(_config(whole)) == [0, 0]
+    plans = _plans(whole / "run")
+    assert plans[0] == plans[2] and plans[-1] != plans[0], plans  # the plan followed rank 1
+    assert plans[-1][0] > plans[-1][1], plans
+
+    for name, epoch, step in (("mid-epoch", 3, 2), ("epoch-end", 3, 4)):
+        folder = tmp_path / name
+        assert _train(_config(folder), StopAt(epoch, step)) == [143, 143]
+        saved = load_checkpoint(list_checkpoints(folder / "run" / "checkpoints")[-1])
+        assert (saved["epoch"], saved["step"]) == ((3, 3) if step < 4 else (4, 0))
+        assert _resume(folder) == [0, 0]
+        assert _plans(folder / "run") == plans, name
+        assert same(final_model(folder / "run"), final_model(whole / "run")), name
+
+
+def test_the_comparison_can_fail_a_resume_that_forgets_the_replanner_plans_otherwise(tmp_path):
+    whole = tmp_path / "whole"
+    assert _train(_config(whole)) == [0, 0]
+    folder = tmp_path / "forgetful"
+    assert _train(_config(folder), StopAt(2, 5)) == [143, 143]
+    path = list_checkpoints(folder / "run" / "checkpoints")[-1]
+    checkpoint = load_checkpoint(path)
+    checkpoint["callbacks"].pop("replanner")
+    torch.save(checkpoint, path)
+    assert _resume(folder) == [0, 0]
+    assert _plans(folder / "run") != _plans(whole / "run")
