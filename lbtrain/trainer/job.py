@@ -24,8 +24,8 @@ from lbtrain.data import balanced_loader
 from lbtrain.emulation import slowdown_schedule
 from lbtrain.evaluation import evaluate, predict
 from lbtrain.outputs import atomic_write_text
-from lbtrain.profiling import build_report, format_report
 from lbtrain.profiling.record import profiles_to_dict
+from lbtrain.report import build_report, format_report
 from lbtrain.session import agree, build_workload, root_value, setup_replica, write_on_root
 from lbtrain.trainer.checkpoint import (
     CHECKPOINT_DIR,
