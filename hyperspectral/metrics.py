@@ -61,7 +61,7 @@ def metrics_from_confusion(cm: np.ndarray) -> dict[str, Any]:
 
 
 def format_table(metrics: dict[str, Any], class_names: Sequence[str] | None = None) -> str:
-    """A plain-text report: per-class accuracy and support, then OA and AA in %, kappa x 100."""
+    """A plain-text report: per-class accuracy and support, OA and AA in %, kappa in [-1, 1]."""
     acc, support = metrics["per_class_accuracy"], metrics["support"]
     names = list(class_names) if class_names else [f"class {i + 1}" for i in range(len(acc))]
     width = max(12, *(len(n) for n in names))
@@ -72,7 +72,7 @@ def format_table(metrics: dict[str, Any], class_names: Sequence[str] | None = No
     lines.append("")
     lines.append(f"OA    {100 * metrics['oa']:.2f} %")
     lines.append(f"AA    {100 * metrics['aa']:.2f} %")
-    lines.append(f"kappa {100 * metrics['kappa']:.2f}  (Cohen's kappa x 100)")
+    lines.append(f"kappa {metrics['kappa']:.4f}")
     return "\n".join(lines) + "\n"
 
 

@@ -335,7 +335,7 @@ def _artifacts_hook(
                 )
             title = (
                 f"{ctx.title or name}: OA {100 * metrics['oa']:.2f}%  "
-                f"AA {100 * metrics['aa']:.2f}%  kappa x100 {100 * metrics['kappa']:.2f}"
+                f"AA {100 * metrics['aa']:.2f}%  kappa {metrics['kappa']:.4f}"
             )
             written.append(
                 atomic_write(

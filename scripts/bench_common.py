@@ -132,7 +132,8 @@ def balance_report(profiles: Path, global_batch: int) -> dict[str, Any]:
     Built in this process by the same calls the verb makes (every policy, zero shares
     allowed, the profiles' measured sync), which saves a launch of about 3 s.
     """
-    from lbtrain.profiling import build_report, comm_cost, load_profiles
+    from lbtrain.profiling import comm_cost, load_profiles
+    from lbtrain.report import build_report
 
     loaded = load_profiles(profiles)
     return build_report(loaded, global_batch, "all", comm=comm_cost(loaded)).to_dict()

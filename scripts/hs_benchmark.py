@@ -6,10 +6,10 @@ Usage (any ``lbtrain train`` flags pass through; ``--out`` is required, a new fo
         --model hybridsn --train-ratio 0.1 --seed 0 --threads 2 --out /tmp/hs-bench-s0
 
 Prints what ``lbtrain train`` prints (per-epoch lines, the per-class table, the run summary),
-then one ``RESULT`` line: OA, AA and kappa in %, the training seconds and the run's wall time
-(from the run's summary.json), the wall time of the whole process (imports and data loading
-included) and the peak resident set size from ``resource.getrusage`` (``ru_maxrss`` is in KiB
-on Linux).
+then one ``RESULT`` line: OA and AA in %, kappa in [-1, 1], the training seconds and the run's
+wall time (from the run's summary.json), the wall time of the whole process (imports and data
+loading included) and the peak resident set size from ``resource.getrusage`` (``ru_maxrss`` is
+in KiB on Linux).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def run(argv: list[str]) -> int:
     wall = time.perf_counter() - _T0
     print(
         f"RESULT OA {100 * metrics['oa']:.2f} %  AA {100 * metrics['aa']:.2f} %  "
-        f"kappa {100 * metrics['kappa']:.2f}  train {summary['train_seconds']:.0f} s  "
+        f"kappa {metrics['kappa']:.4f}  train {summary['train_seconds']:.0f} s  "
         f"run {summary['wall_seconds']:.0f} s  process wall {wall:.0f} s  "
         f"peak RSS {peak_rss_mib():.0f} MiB"
     )

@@ -21,9 +21,9 @@ from lbtrain.cli.common import (
     write_on_root,
 )
 from lbtrain.comm import Communicator
-from lbtrain.profiling import build_report, format_report, plot_report, save_profiles
-from lbtrain.profiling.report import FORMATS, require_matplotlib
+from lbtrain.profiling import save_profiles
 from lbtrain.profiling.sync import comm_cost
+from lbtrain.report import FORMATS, build_report, format_report, plot_report, require_matplotlib
 
 __all__ = ["add_parser", "run"]
 

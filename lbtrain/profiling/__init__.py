@@ -1,4 +1,7 @@
-"""Profiling: measure how fast each replica trains the workload, and report what balancing buys."""
+"""Profiling: measure how fast each replica trains the workload.
+
+What balancing would buy, given the measurements, is lbtrain.report's business.
+"""
 
 from lbtrain.profiling.fit import LinearFit, fit_step_time
 from lbtrain.profiling.memory import CapResult, probe_cap
@@ -9,13 +12,11 @@ from lbtrain.profiling.record import (
     load_profiles,
     save_profiles,
 )
-from lbtrain.profiling.report import BalanceReport, build_report, format_report, plot_report
 from lbtrain.profiling.retime import add_measurement, outside_measured, retime_profiles
 from lbtrain.profiling.state import TrainingState
 from lbtrain.profiling.sync import comm_cost, time_sync
 
 __all__ = [
-    "BalanceReport",
     "CapResult",
     "LinearFit",
     "ProfileConfig",
@@ -23,13 +24,10 @@ __all__ = [
     "ReplicaProfile",
     "TrainingState",
     "add_measurement",
-    "build_report",
     "comm_cost",
     "fit_step_time",
-    "format_report",
     "load_profiles",
     "outside_measured",
-    "plot_report",
     "probe_cap",
     "profile_all",
     "profile_replica",

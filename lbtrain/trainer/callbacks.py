@@ -20,6 +20,7 @@ from lbtrain.trainer.engine import Callback, Engine, StepTimes, TrainingDiverged
 from lbtrain.trainer.progress import Progress
 from lbtrain.trainer.records import EpochRecord
 from lbtrain.trainer.replan import Replanner
+from lbtrain.trainer.summary import format_metric
 
 __all__ = [
     "CheckpointCallback",
@@ -204,7 +205,7 @@ class EvaluateCallback(Callback):
         shown = {name: metrics[name] for name in self.headline if name in metrics}
         self.evaluations.append({"epoch": epoch, **shown})
         engine.log({"type": "eval", "epoch": epoch, "time": time.time(), "metrics": shown})
-        self.say("  eval: " + "  ".join(f"{k} {v:.4f}" for k, v in shown.items()))
+        self.say("  eval: " + "  ".join(f"{k} {format_metric(k, v)}" for k, v in shown.items()))
 
     def state_dict(self) -> dict[str, Any]:
         return {"evaluations": self.evaluations}

@@ -24,8 +24,9 @@ from lbtrain.data import balanced_loader
 from lbtrain.emulation import Slowdown, slowdown_schedule
 from lbtrain.evaluation import evaluate
 from lbtrain.outputs import atomic_write_text
-from lbtrain.profiling import ReplicaProfile, build_report, format_report
+from lbtrain.profiling import ReplicaProfile
 from lbtrain.profiling.record import profiles_to_dict
+from lbtrain.report import build_report, format_report
 from lbtrain.session import Replica, agree, build_workload, root_value, setup_replica, write_on_root
 from lbtrain.trainer.callbacks import (
     CheckpointCallback,

@@ -15,7 +15,14 @@ from lbtrain.balancer import BalancePlan
 from lbtrain.comm import Communicator
 from lbtrain.trainer.records import Totals
 
-__all__ = ["build_summary", "format_summary", "peak_rss_mib", "prediction_error", "rank_totals"]
+__all__ = [
+    "build_summary",
+    "format_metric",
+    "format_summary",
+    "peak_rss_mib",
+    "prediction_error",
+    "rank_totals",
+]
 
 
 def peak_rss_mib() -> float | None:
@@ -158,7 +165,7 @@ def format_summary(
         )
     lines.append("  (shares of each rank's time per step; wait = idle for the slowest rank)")
     metrics = summary.get("metrics") or {}
-    shown = [f"{name} {_shown(name, metrics[name])}" for name in headline if name in metrics]
+    shown = [f"{name} {format_metric(name, metrics[name])}" for name in headline if name in metrics]
     if shown:
         lines += ["", "  " + "   ".join(shown)]
     if outputs:
@@ -166,10 +173,15 @@ def format_summary(
     return "\n".join(lines)
 
 
-def _shown(name: str, value: Any) -> str:
-    # Accuracies read best as percentages; kappa is a coefficient, shown as it is.
-    if "kappa" in name.lower() and isinstance(value, float):
-        return f"{value:.4f}"
+def format_metric(name: str, value: Any) -> str:
+    """One headline metric as lbtrain prints it everywhere: `kappa 0.3042`, `oa 95.29 %`.
+
+    Kappa is a coefficient in [-1, 1], shown as it is with 4 decimals, never x 100; other
+    fractions in [0, 1] (accuracies) read best as percentages; anything else as it is.
+    """
+    real = isinstance(value, int | float) and not isinstance(value, bool)
+    if "kappa" in name.lower() and real:
+        return f"{float(value):.4f}"
     if isinstance(value, float) and 0.0 <= value <= 1.0:
         return f"{100 * value:.2f} %"
     return str(value)

@@ -32,6 +32,8 @@ def test_metrics_match_hand_computation():
     assert m["kappa"] == pytest.approx((0.8 - pe) / (1 - pe))
     assert m["per_class_accuracy"] == pytest.approx([5 / 6, 3 / 5, 1.0])
     assert m["support"] == [6, 5, 4] and m["total"] == 15
+    # Kappa = 102/147 reads as a coefficient with 4 decimals, never x 100; OA and AA in %.
+    assert format_table(m).splitlines()[-3:] == ["OA    80.00 %", "AA    81.11 %", "kappa 0.6939"]
 
 
 def test_metrics_agree_with_scikit_learn_and_sum_over_shards():

@@ -227,7 +227,8 @@ def test_artifacts_write_metrics_split_and_map(tmp_path):
     assert sorted(p.name for p in written) == ["map.png", "metrics.txt", "split.npz"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["map.png", "metrics.txt", "split.npz"]
     text = (tmp_path / "metrics.txt").read_text()
-    assert "class_1" in text and "kappa x 100" in text
+    assert "class_1" in text and f"\nkappa {metrics['kappa']:.4f}\n" in text
+    assert "x 100" not in text
     assert (tmp_path / "map.png").read_bytes()[:4] == b"\x89PNG"
     saved = load_split(tmp_path / "split.npz")
     np.testing.assert_array_equal(saved.train, work.train_set.indices.numpy())

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 
 from lbtrain.balancer import CommCost
-from lbtrain.profiling import build_report, format_report, load_profiles, plot_report
-from lbtrain.profiling.report import require_matplotlib
+from lbtrain.profiling import load_profiles
+from lbtrain.report import build_report, format_report, plot_report, require_matplotlib
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 FIXTURE = FIXTURES / "profiles_3ranks.json"

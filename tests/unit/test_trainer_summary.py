@@ -1,4 +1,4 @@
-"""The run summary's per-rank totals: the peak RSS each rank reports (issue 10, benchmark 7)."""
+"""The run summary: the peak RSS each rank reports (issue 10, benchmark 7), the metrics' text."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import pytest
 
 from lbtrain import SingleProcessCommunicator, plan_batches
 from lbtrain.trainer.records import EpochRecord, Totals
-from lbtrain.trainer.summary import build_summary, peak_rss_mib, rank_totals
+from lbtrain.trainer.summary import (
+    build_summary,
+    format_metric,
+    format_summary,
+    peak_rss_mib,
+    rank_totals,
+)
 
 
 def test_rank_totals_carry_this_process_peak_rss_in_mib():
@@ -44,3 +50,22 @@ def test_summary_writes_each_rank_peak_rss():
         wall_seconds=2.0, profile_seconds=0.5,
     )  # fmt: skip
     assert [row["peak_rss_mib"] for row in summary["ranks"]] == [None, None]
+
+
+def test_kappa_reads_as_a_coefficient_and_accuracies_as_percentages():
+    assert format_metric("kappa", 0.30421) == "0.3042"
+    assert format_metric("kappa", -0.05) == "-0.0500"  # worse than chance: still a coefficient
+    assert format_metric("kappa", 1) == "1.0000"
+    assert format_metric("oa", 0.9529) == "95.29 %"
+    assert format_metric("loss", 2.5) == "2.5"
+    plan = plan_batches([1.0], 8, "equal")
+    devices = [{"device": "cpu", "host": "h", "threads": 1, "slowdown": 1.0}]
+    totals = [{"steps": 2.0, "seconds": 1.0, "compute": 0.8, "wait": 0.1, "comm": 0.1}]
+    metrics = {"oa": 0.9529, "aa": 0.8775, "kappa": 0.94631}
+    summary = build_summary(
+        plan=plan, devices=devices, totals=Totals(), ranks_totals=totals, evaluations=[],
+        metrics=metrics, wall_seconds=2.0, profile_seconds=0.5,
+    )  # fmt: skip
+    text = format_summary(summary, ("oa", "aa", "kappa"), [])
+    assert "  oa 95.29 %   aa 87.75 %   kappa 0.9463" in text.splitlines()
+    assert "x 100" not in text and "94.63" not in text

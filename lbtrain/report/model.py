@@ -1,8 +1,9 @@
-"""The balance report: what each policy predicts for a set of replica profiles.
+"""The balance report's data: what each policy predicts for a set of replica profiles.
 
-Every figure is read at the batch sizes a plan actually gives each rank: the step of each
-policy, and the ideal step (the continuous optimum under the caps, zero shares allowed) that
-the efficiency divides by, so no efficiency exceeds 100%.
+A what-if over plans, not a measurement: the profiles are read, never re-timed. Every figure
+is read at the batch sizes a plan actually gives each rank: the step of each policy, and the
+ideal step (the continuous optimum under the caps, zero shares allowed) that the efficiency
+divides by, so no efficiency exceeds 100%.
 """
 
 from __future__ import annotations
@@ -23,18 +24,21 @@ from lbtrain.balancer import (
     subset_note,
 )
 from lbtrain.profiling.record import ReplicaProfile
-from lbtrain.profiling.report_format import FORMATS, format_report, rank_rows
-from lbtrain.profiling.report_plot import plot_report, require_matplotlib
 
-__all__ = [
-    "FORMATS",
-    "BalanceReport",
-    "PolicyResult",
-    "build_report",
-    "format_report",
-    "plot_report",
-    "require_matplotlib",
-]
+__all__ = ["BalanceReport", "PolicyResult", "build_report", "rank_rows"]
+
+
+def rank_rows(plan: BalancePlan) -> list[tuple[int, float, float, float]]:
+    """Per rank: batch, weight, predicted compute and idle seconds (0 compute at b = 0)."""
+    return list(
+        zip(
+            plan.batch_sizes,
+            plan.weights,
+            plan.predicted_step_times,
+            plan.predicted_idle_times,
+            strict=True,
+        )
+    )
 
 
 @dataclass(frozen=True)

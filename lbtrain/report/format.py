@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
-from lbtrain.balancer import BalancePlan
+from lbtrain.report.model import BalanceReport, rank_rows
 
-if TYPE_CHECKING:  # report.py imports this module; the type is only needed for hints
-    from lbtrain.profiling.report import BalanceReport
-
-__all__ = ["FORMATS", "format_report", "rank_rows"]
+__all__ = ["FORMATS", "format_report"]
 
 FORMATS = ("table", "json", "markdown")
 
@@ -27,19 +23,6 @@ _RANK_HEADER = [
     "compute (ms)",
     "idle (ms)",
 ]
-
-
-def rank_rows(plan: BalancePlan) -> list[tuple[int, float, float, float]]:
-    """Per rank: batch, weight, predicted compute and idle seconds (0 compute at b = 0)."""
-    return list(
-        zip(
-            plan.batch_sizes,
-            plan.weights,
-            plan.predicted_step_times,
-            plan.predicted_idle_times,
-            strict=True,
-        )
-    )
 
 
 def format_report(report: BalanceReport, fmt: str = "table") -> str:

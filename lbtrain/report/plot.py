@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lbtrain.outputs import atomic_write
-
-if TYPE_CHECKING:  # report.py imports this module; the type is only needed for hints
-    from lbtrain.profiling.report import BalanceReport
+from lbtrain.report.model import BalanceReport
 
 __all__ = ["plot_report", "require_matplotlib"]
 
