@@ -7,7 +7,9 @@ Lookup order for each file:
    another folder was given, because downloads land there;
 2. for Indian Pines, the ``.npy`` copy shipped inside the ``tensorly`` wheel, read as package
    data through :mod:`importlib.resources`;
-3. a download from the official address (or ``mirror``) into the cache, checked by sha256.
+3. a download from the official address (or ``mirror``) into the cache, through pooch
+   (:func:`~hyperspectral.datasets.download.download_file`), checked by sha256 (or the git
+   blob id where only that is known).
 """
 
 from __future__ import annotations
