@@ -183,6 +183,9 @@ class Engine:
         self.timer = timer or StepTimer()
         self.state = RunState(epochs)
         self.parallel: BalancedDataParallel | None = None
+        # BatchNorm statistics: the largest share's after each step, on every rank, so an
+        # evaluation or a checkpoint sees one state (False only to show why).
+        self.broadcast_buffers = True
         self._cpu_timer = rank_cpu_time if device.type == "cpu" else None
 
     def add_callbacks(self, callbacks: Iterable[Callback]) -> None:
@@ -210,6 +213,7 @@ class Engine:
             overlap=self.overlap,
             sync_in_backward=False,
             weighting=self.weighting,
+            broadcast_buffers=self.broadcast_buffers,
         )
         try:
             with self.stop.deferring():

@@ -66,38 +66,62 @@ def make_plan(
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
         agree(comm, lambda: _check_profiled(profiles, workload.name, config.profiles))
     else:
-        reference = max(1, config.global_batch // comm.size)
-        profile_config = agree(
-            comm,
-            lambda: ProfileConfig(
-                # Rungs from r/8 up: a slow rank whose budget affords only the first rungs
-                # still gets a span wide enough to tell its fixed cost from its per-sample one.
-                min_batch=min(4, reference),
-                max_batch=max(16, 2 * reference),
-                time_budget=config.time_budget,
-                seed=config.seed,
-                reference_batch=reference,
-            ),
-        )
-        profiles = profile_workload(comm, replica, workload, profile_config, make_optimizer)
+        profiles = _profile(comm, config, replica, workload, make_optimizer)
+    return _retimed_plan(comm, config, replica, workload, make_optimizer, profiles)
 
-    def plan_from(profiles: list[ReplicaProfile]) -> BalancePlan:
-        return agree(
-            comm,
-            lambda: plan_batches(
-                profiles,
-                config.global_batch,
-                config.policy,
-                min_batch=config.min_batch,
-                comm=comm_cost(profiles),
-            ),
-        )
 
-    plan = plan_from(profiles)
+def _profile(
+    comm: Communicator,
+    config: TrainConfig,
+    replica: Replica,
+    workload: Workload,
+    make_optimizer: Callable[..., torch.optim.Optimizer],
+) -> list[ReplicaProfile]:
+    reference = max(1, config.global_batch // comm.size)
+    profile_config = agree(
+        comm,
+        lambda: ProfileConfig(
+            # Rungs from r/8 up: a slow rank whose budget affords only the first rungs
+            # still gets a span wide enough to tell its fixed cost from its per-sample one.
+            min_batch=min(4, reference),
+            max_batch=max(16, 2 * reference),
+            time_budget=config.time_budget,
+            seed=config.seed,
+            reference_batch=reference,
+        ),
+    )
+    return profile_workload(comm, replica, workload, profile_config, make_optimizer)
+
+
+def _plan_of(
+    comm: Communicator, config: TrainConfig, profiles: list[ReplicaProfile]
+) -> BalancePlan:
+    return agree(
+        comm,
+        lambda: plan_batches(
+            profiles,
+            config.global_batch,
+            config.policy,
+            min_batch=config.min_batch,
+            comm=comm_cost(profiles),
+        ),
+    )
+
+
+def _retimed_plan(
+    comm: Communicator,
+    config: TrainConfig,
+    replica: Replica,
+    workload: Workload,
+    make_optimizer: Callable[..., torch.optim.Optimizer],
+    profiles: list[ReplicaProfile],
+) -> tuple[BalancePlan, list[ReplicaProfile]]:
+    """Plan, then time each share that falls outside the measured batches where it falls
+    (no extrapolation), and plan again, until the plan stands or time runs out."""
+    plan = _plan_of(comm, config, profiles)
     model = optimizer = None
     started = time.perf_counter()
     for round_index in range(RETIME_ROUNDS):
-        # No extrapolation: a share far outside the measured batches is timed where it falls.
         wanted = [
             b if outside_measured(p, b) else None
             for p, b in zip(profiles, plan.batch_sizes, strict=True)
@@ -111,33 +135,35 @@ def make_plan(
         )
         if not any(wanted) or over:
             break
-        if comm.rank == 0 and not config.quiet:
-            ranks = ", ".join(
-                f"rank {r} at batch {b} (measured {min(profiles[r].batch_sizes)}.."
-                f"{max(profiles[r].batch_sizes)})"
-                for r, b in enumerate(wanted)
-                if b
-            )
-            print(f"timing {ranks}, then planning again", flush=True)
+        _say_timing(comm, config, profiles, wanted)
         if model is None:
             model = workload.build_model().to(replica.device)
             optimizer = make_optimizer(model.parameters())
         profiles = retime_profiles(
-            comm,
-            model,
-            optimizer,
-            workload.loss_fn,
-            workload.make_batch,
-            profiles,
-            wanted,
-            device=replica.device,
-            slowdown=replica.slowdown,
+            comm, model, optimizer, workload.loss_fn, workload.make_batch, profiles, wanted,
+            device=replica.device, slowdown=replica.slowdown,
             config=ProfileConfig(seed=config.seed, time_budget=config.time_budget),
-        )
-        previous, plan = plan, plan_from(profiles)
+        )  # fmt: skip
+        previous, plan = plan, _plan_of(comm, config, profiles)
         if plan.batch_sizes == previous.batch_sizes:
             break
     return plan, profiles
+
+
+def _say_timing(
+    comm: Communicator,
+    config: TrainConfig,
+    profiles: list[ReplicaProfile],
+    wanted: list[int | None],
+) -> None:
+    if comm.rank == 0 and not config.quiet:
+        ranks = ", ".join(
+            f"rank {r} at batch {b} (measured {min(profiles[r].batch_sizes)}.."
+            f"{max(profiles[r].batch_sizes)})"
+            for r, b in enumerate(wanted)
+            if b
+        )
+        print(f"timing {ranks}, then planning again", flush=True)
 
 
 # The settings that shape a plan: a resumed run that changes one plans again.
@@ -179,16 +205,7 @@ def _resumed_plan(
     if changed and not (config.plan or config.profiles) and profiles is not None:
         # Same devices and batch (else `why` would name those): the saved profiles serve.
         agree(comm, lambda: _check_kept_budget(config, saved))
-        return agree(
-            comm,
-            lambda: plan_batches(
-                profiles,
-                config.global_batch,
-                config.policy,
-                min_batch=config.min_batch,
-                comm=comm_cost(profiles),
-            ),
-        ), profiles
+        return _plan_of(comm, config, profiles), profiles
     return None
 
 

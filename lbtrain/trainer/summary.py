@@ -77,25 +77,7 @@ def build_summary(
     `totals` are this rank's (rank 0's) running sums: loss, samples and steps are the job's;
     `ranks_totals` are every rank's time split, from `rank_totals`.
     """
-    ranks = []
-    for rank, (total, device) in enumerate(zip(ranks_totals, devices, strict=True)):
-        step = max(total["compute"] + total["wait"] + total["comm"], 1e-12)
-        ranks.append(
-            {
-                "rank": rank,
-                **dict(device),
-                "batch_size": plan.batch_sizes[rank],
-                "weight": plan.weights[rank],
-                "compute_seconds": total["compute"],
-                "communication_seconds": total["comm"],
-                "wait_seconds": total["wait"],
-                "compute_fraction": total["compute"] / step,
-                "communication_fraction": total["comm"] / step,
-                "wait_fraction": total["wait"] / step,
-                "predicted_compute_seconds_per_step": plan.predicted_step_times[rank],
-                "peak_rss_mib": total.get("peak_rss_mib"),
-            }
-        )
+    ranks = _rank_rows(plan, devices, ranks_totals)
     seconds, steps = totals.seconds, totals.steps
     return {
         "versions": {
@@ -129,6 +111,33 @@ def build_summary(
         "ranks": ranks,
         "metrics": dict(metrics) if metrics else None,
     }
+
+
+def _rank_rows(
+    plan: BalancePlan,
+    devices: Sequence[Mapping[str, Any]],
+    ranks_totals: Sequence[Mapping[str, float]],
+) -> list[dict[str, Any]]:
+    ranks = []
+    for rank, (total, device) in enumerate(zip(ranks_totals, devices, strict=True)):
+        step = max(total["compute"] + total["wait"] + total["comm"], 1e-12)
+        ranks.append(
+            {
+                "rank": rank,
+                **dict(device),
+                "batch_size": plan.batch_sizes[rank],
+                "weight": plan.weights[rank],
+                "compute_seconds": total["compute"],
+                "communication_seconds": total["comm"],
+                "wait_seconds": total["wait"],
+                "compute_fraction": total["compute"] / step,
+                "communication_fraction": total["comm"] / step,
+                "wait_fraction": total["wait"] / step,
+                "predicted_compute_seconds_per_step": plan.predicted_step_times[rank],
+                "peak_rss_mib": total.get("peak_rss_mib"),
+            }
+        )
+    return ranks
 
 
 def format_summary(

@@ -295,3 +295,33 @@ def test_loaders_leave_the_global_random_stream_alone():
     evaluate(model, data, ConfusionEvaluator(2), SingleProcessCommunicator(), [1.0],
              device=torch.device("cpu"))  # fmt: skip
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_batchnorm_buffers_are_one_state_on_every_rank_after_training():
+    """Each rank's BatchNorm sees only its share, so its running statistics drift apart;
+    the wrapper copies the largest share's after each step, so evaluation and checkpoints
+    see one state. The comparison can fail: without the copy the ranks differ."""
+    from lbtrain.comm import run_ranks
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(48, 4) * 3 + 1, torch.randint(0, 2, (48,)))
+
+    def train_on(comm, copy: bool):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+        loader = balanced_loader([1.0, 3.0], data, global_batch_size=16, rank=comm.rank)
+        opt = build_optimizer(model.parameters(), "sgd", lr=0.1)
+        engine = Engine(
+            model, opt, build_scheduler(opt, "constant", 6, 3), loader, comm,
+            loss_fn=nn.functional.cross_entropy, device=torch.device("cpu"), epochs=2,
+        )  # fmt: skip
+        if not copy:
+            engine.broadcast_buffers = False
+        engine.fit()
+        return [b.clone() for b in model.buffers()]
+
+    for copy in (True, False):
+        results = run_ranks(2, lambda comm, copy=copy: train_on(comm, copy), timeout=60)
+        buffers = [r.value for r in results]
+        equal = all(torch.equal(a, b) for a, b in zip(*buffers, strict=True))
+        assert equal == copy
