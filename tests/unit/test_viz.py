@@ -1,0 +1,199 @@
+"""lbtrain.viz: metrics records, curves, the Perfetto trace, its pictures, TensorBoard.
+
+Fast and in-process: synthetic records and spans, pictures written to tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lbtrain.viz import (
+    MetricsStream,
+    epoch_records,
+    read_metrics,
+    replan_epochs,
+    resume_epochs,
+    truncate_after,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def start(resumed_at=None, batch_sizes=(22, 21, 21)):
+    return {
+        "type": "start",
+        "time": 1.7e9,
+        "world_size": 3,
+        "policy": "cost",
+        "global_batch": 64,
+        "epochs": 8,
+        "batch_sizes": list(batch_sizes),
+        "devices": ["cpu x1", "cpu x2", "cpu x4"],
+        "resumed_at": resumed_at,
+    }
+
+
+def epoch(e, loss=None, accuracy=0.5, replan=None, batch_sizes=(22, 21, 21)):
+    seconds = 4.0
+    return {
+        "type": "epoch",
+        "epoch": e,
+        "time": 1.7e9 + e,
+        "steps": 35,
+        "samples": 2240,
+        "loss": 1.0 / e if loss is None else loss,
+        "accuracy": accuracy,
+        "lr": 1e-3,
+        "seconds": seconds,
+        "step_seconds": 0.1,
+        "predicted_step_seconds": 0.09,
+        "idle_fraction": 0.3,
+        "batch_sizes": list(batch_sizes),
+        "ranks": [
+            {
+                "rank": r,
+                "samples": 700,
+                "compute": 2.0 + r,
+                "wait": 2.0 - r,
+                "comm": 0.1,
+                "seconds": seconds,
+            }
+            for r in range(3)
+        ],
+        "replan": replan,
+    }
+
+
+REPLAN = {
+    "old_batch_sizes": [22, 21, 21],
+    "new_batch_sizes": [40, 16, 8],
+    "old_step_seconds": 0.1,
+    "new_step_seconds": 0.05,
+    "reason": "profile",
+}
+
+
+def evaluation(e):
+    return {
+        "type": "eval",
+        "epoch": e,
+        "time": 1.7e9 + e,
+        "metrics": {"oa": 0.9, "aa": 0.85, "kappa": 0.88, "loss": 3.2},
+    }
+
+
+def run_records():
+    """Eight epochs: a re-plan after epoch 3, evals at 4 and 8, an end."""
+    records = [start()]
+    for e in range(1, 9):
+        records.append(epoch(e, replan=REPLAN if e == 3 else None))
+        if e % 4 == 0:
+            records.append(evaluation(e))
+    return records + [{"type": "end", "time": 1.7e9 + 9, "wall_seconds": 9.0}]
+
+
+def write_records(path, records):
+    with MetricsStream(path) as stream:
+        for record in records:
+            stream.write(record)
+
+
+# --- records -------------------------------------------------------------------------------
+
+
+def test_metrics_round_trip_turns_non_finite_numbers_into_null(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    records = run_records()
+    records[2]["loss"] = math.nan
+    records[3]["ranks"][0]["wait"] = math.inf
+    write_records(path, records)
+    for line in path.read_text().splitlines():
+        json.loads(line)  # strict JSON: no NaN or Infinity tokens
+    back = read_metrics(path)
+    assert len(back) == len(records)
+    assert back[2]["loss"] is None and back[3]["ranks"][0]["wait"] is None
+    assert back[0] == records[0] and back[-1] == records[-1]
+
+
+def test_metrics_stream_refuses_a_record_without_type(tmp_path):
+    with MetricsStream(tmp_path / "m.jsonl") as stream, pytest.raises(ValueError, match="type"):
+        stream.write({"epoch": 1})
+
+
+def test_read_metrics_skips_a_torn_last_line_only(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    write_records(path, run_records()[:4])
+    with path.open("a") as file:
+        file.write('{"type": "epoch", "epoch": 4, "lo')  # the process died mid-write
+    assert [r["type"] for r in read_metrics(path)] == ["start", "epoch", "epoch", "epoch"]
+
+    lines = path.read_text().splitlines()
+    lines.insert(2, '{"type": "epoch", "epoch"')  # torn, but not last: corruption
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:3:"):
+        read_metrics(path)
+
+
+def test_read_metrics_names_a_line_that_is_not_a_record(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"type": "start"}\n[1, 2]\n{"type": "end"}\n')
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2: not a metrics record"):
+        read_metrics(path)
+
+
+def test_append_after_a_torn_line_starts_a_new_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    write_records(path, run_records()[:2])
+    with path.open("a") as file:
+        file.write('{"type": "ep')
+    with MetricsStream(path, append=True) as stream:
+        stream.write(start(resumed_at={"epoch": 1, "step": 0}))
+    with pytest.raises(ValueError, match=":3:"):  # the torn line is no longer last
+        read_metrics(path)
+    # truncate_after, which a resume runs first, drops the torn line; then append is clean.
+    write_records(path, run_records()[:2])
+    with path.open("a") as file:
+        file.write('{"type": "ep')
+    truncate_after(path, 1)
+    with MetricsStream(path, append=True) as stream:
+        stream.write(start(resumed_at={"epoch": 1, "step": 0}))
+    assert [r["type"] for r in read_metrics(path)] == ["start", "epoch", "start"]
+
+
+def test_truncate_after_keeps_starts_and_records_up_to_the_epoch(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    records = run_records()[:-1] + [
+        {"type": "stop", "epoch": 8, "step": 3, "reason": "signal SIGTERM", "code": 143}
+    ]
+    write_records(path, records)
+    kept = truncate_after(path, 5)
+    assert kept == read_metrics(path)
+    assert [(r["type"], r.get("epoch")) for r in kept] == [
+        ("start", None),
+        ("epoch", 1),
+        ("epoch", 2),
+        ("epoch", 3),
+        ("epoch", 4),
+        ("eval", 4),
+        ("epoch", 5),
+    ]
+    assert not list(tmp_path.glob(".*tmp*"))  # the atomic rewrite left no temporary file
+    assert truncate_after(tmp_path / "missing.jsonl", 3) == []
+
+
+def test_a_resumed_run_reads_back_with_both_starts(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    write_records(path, run_records()[:-1])
+    truncate_after(path, 5)
+    with MetricsStream(path, append=True) as stream:
+        stream.write(start(resumed_at={"epoch": 5, "step": 0}))
+        for e in (6, 7):
+            stream.write(epoch(e, loss=0.01))
+    records = read_metrics(path)
+    assert resume_epochs(records) == [5]
+    assert [r["epoch"] for r in epoch_records(records)] == [1, 2, 3, 4, 5, 6, 7]
+    assert epoch_records(records)[-1]["loss"] == 0.01
+    assert replan_epochs(records) == [(3, [40, 16, 8])]
