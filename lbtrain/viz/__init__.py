@@ -5,10 +5,12 @@ in. matplotlib (``lbtrain[plot]``) and tensorboard (``lbtrain[tensorboard]``) ar
 only when a picture is drawn or a logger made.
 
 - :mod:`~lbtrain.viz.records`: metrics.jsonl, written per epoch and read back.
+- :mod:`~lbtrain.viz.curves`: loss, accuracy, step time and idle time per epoch.
 """
 
 from __future__ import annotations
 
+from lbtrain.viz.curves import draw_curves, eval_series, plot_curves
 from lbtrain.viz.records import (
     MetricsStream,
     epoch_records,
@@ -21,8 +23,11 @@ from lbtrain.viz.records import (
 
 __all__ = [
     "MetricsStream",
+    "draw_curves",
     "epoch_records",
     "eval_records",
+    "eval_series",
+    "plot_curves",
     "read_metrics",
     "replan_epochs",
     "resume_epochs",

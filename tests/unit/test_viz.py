@@ -12,7 +12,10 @@ import pytest
 
 from lbtrain.viz import (
     MetricsStream,
+    draw_curves,
     epoch_records,
+    eval_series,
+    plot_curves,
     read_metrics,
     replan_epochs,
     resume_epochs,
@@ -197,3 +200,58 @@ def test_a_resumed_run_reads_back_with_both_starts(tmp_path):
     assert [r["epoch"] for r in epoch_records(records)] == [1, 2, 3, 4, 5, 6, 7]
     assert epoch_records(records)[-1]["loss"] == 0.01
     assert replan_epochs(records) == [(3, [40, 16, 8])]
+
+
+# --- curves --------------------------------------------------------------------------------
+
+
+def assert_png(path, at_least=20_000):
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC
+    assert len(data) > at_least, f"{path} is only {len(data)} bytes"
+
+
+def test_plot_curves_writes_a_png_with_the_replan_on_every_panel(tmp_path):
+    records = run_records()
+    path = plot_curves(records, tmp_path / "out" / "curves.png", title="test run")
+    assert path == tmp_path / "out" / "curves.png"
+    assert_png(path)
+
+    import matplotlib.pyplot as plt
+
+    figure, replans = draw_curves(records)
+    try:
+        assert replans == 1
+        for axis in figure.axes:
+            dashed = [
+                line
+                for line in axis.get_lines()
+                if line.get_linestyle() == "--" and list(line.get_xdata()) == [3.5, 3.5]
+            ]
+            assert len(dashed) == 1, axis.get_title()
+            assert any(text.get_text() == "b=40,16,8" for text in axis.texts), axis.get_title()
+    finally:
+        plt.close(figure)
+
+
+def test_eval_series_draws_fractions_in_percent_and_skips_others():
+    series = eval_series(run_records())
+    assert set(series) == {"eval oa (%)", "eval aa (%)", "eval kappa (x100)"}  # not the loss
+    assert series["eval oa (%)"] == ([4, 8], [90.0, 90.0])
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [start(), epoch(1, accuracy=None)],  # one epoch, no accuracy, no eval
+        [start(), epoch(1), epoch(2, loss=math.inf)],  # a non-finite loss (read back as null)
+        [start(), *[epoch(e, loss=10.0**-e) for e in range(1, 6)]],  # log scale
+        [start(), epoch(1), epoch(2), start({"epoch": 1, "step": 0}), epoch(2), epoch(3)],
+        [],
+    ],
+    ids=["single-epoch", "nan-loss", "log-loss", "resumed", "empty"],
+)
+def test_plot_curves_handles_the_odd_runs(tmp_path, records):
+    path = tmp_path / "metrics.jsonl"
+    write_records(path, records)
+    assert_png(plot_curves(read_metrics(path), tmp_path / "curves.png"))
