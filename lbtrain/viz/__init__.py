@@ -6,6 +6,7 @@ only when a picture is drawn or a logger made.
 
 - :mod:`~lbtrain.viz.records`: metrics.jsonl, written per epoch and read back.
 - :mod:`~lbtrain.viz.curves`: loss, accuracy, step time and idle time per epoch.
+- :mod:`~lbtrain.viz.trace`: per-step phases of every rank as a Perfetto trace.
 """
 
 from __future__ import annotations
@@ -20,16 +21,22 @@ from lbtrain.viz.records import (
     resume_epochs,
     truncate_after,
 )
+from lbtrain.viz.trace import StepTrace, check_trace, chrome_trace, load_trace, write_trace
 
 __all__ = [
     "MetricsStream",
+    "StepTrace",
+    "check_trace",
+    "chrome_trace",
     "draw_curves",
     "epoch_records",
     "eval_records",
     "eval_series",
+    "load_trace",
     "plot_curves",
     "read_metrics",
     "replan_epochs",
     "resume_epochs",
     "truncate_after",
+    "write_trace",
 ]

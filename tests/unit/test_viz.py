@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 
 import pytest
 
 from lbtrain.viz import (
     MetricsStream,
+    StepTrace,
+    check_trace,
+    chrome_trace,
     draw_curves,
     epoch_records,
     eval_series,
@@ -20,6 +24,7 @@ from lbtrain.viz import (
     replan_epochs,
     resume_epochs,
     truncate_after,
+    write_trace,
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -255,3 +260,108 @@ def test_plot_curves_handles_the_odd_runs(tmp_path, records):
     path = tmp_path / "metrics.jsonl"
     write_records(path, records)
     assert_png(plot_curves(read_metrics(path), tmp_path / "curves.png"))
+
+
+# --- trace ---------------------------------------------------------------------------------
+
+
+def three_rank_spans(batches=(22, 21, 21), speeds=(1, 2, 4), epochs=2, steps=12):
+    """Each rank's StepTrace spans for a synchronous run: sync starts when the last is ready."""
+    traces = [StepTrace() for _ in batches]
+    clock = [0.0] * len(batches)
+    for e in range(1, epochs + 1):
+        for s in range(steps):
+            ready = [clock[r] + speeds[r] * 1e-3 * batches[r] for r in range(len(batches))]
+            sync = max(ready)
+            for r, trace in enumerate(traces):
+                phases = [
+                    ("compute", clock[r], ready[r]),
+                    ("wait", ready[r], sync),
+                    ("sync", sync, sync + 2e-3),
+                    ("optimizer", sync + 2e-3, sync + 3e-3),
+                ]
+                assert trace.add(e, s, phases)
+                clock[r] = sync + 3e-3
+    return [t.spans() for t in traces]
+
+
+LABELS = ["cpu x1, batch 22", "cpu x2, batch 21", "cpu x4, batch 21"]
+
+
+def test_chrome_trace_is_what_perfetto_reads():
+    trace = chrome_trace(three_rank_spans(), LABELS)
+    check_trace(trace)
+    assert trace["displayTimeUnit"] == "ms"
+    events = trace["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert names == {
+        0: "rank 0 (cpu x1, batch 22)",
+        1: "rank 1 (cpu x2, batch 21)",
+        2: "rank 2 (cpu x4, batch 21)",
+    }
+    slices = [e for e in events if e["ph"] == "X"]
+    assert len(slices) == 3 * 2 * 12 * 4
+    first = next(e for e in slices if e["tid"] == 2)
+    # Microseconds: rank 2's first compute is 4 x 21 ms long.
+    assert first["ts"] == 0 and first["dur"] == pytest.approx(84_000)
+    assert first["args"] == {"epoch": 1, "step": 0}
+    json.dumps(trace, allow_nan=False)
+
+
+def broken(mutate):
+    trace = chrome_trace(three_rank_spans(epochs=1, steps=2), LABELS)
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    mutate(trace, slices)
+    return trace
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda t, x: x[0].update(dur=-1.0), "'dur'"),
+        (lambda t, x: x[1].pop("ph"), "'ph'"),
+        (lambda t, x: x[1].update(ts=x[0]["ts"] + x[0]["dur"] / 2), "previous slice"),
+        (lambda t, x: x[2].update(ts="12"), "'ts'"),
+        (lambda t, x: x[0].update(tid=None), "'tid'"),
+        (lambda t, x: x[0].pop("name"), "'name'"),
+        (lambda t, x: t.pop("traceEvents"), "traceEvents"),
+    ],
+    ids=["negative-dur", "missing-ph", "overlap", "string-ts", "no-tid", "no-name", "no-list"],
+)
+def test_check_trace_rejects_broken_traces(mutate, message):
+    with pytest.raises(ValueError, match=message):
+        check_trace(broken(mutate))
+
+
+def test_write_trace_writes_json_that_loads_and_checks(tmp_path):
+    spans = three_rank_spans()
+    path = write_trace(tmp_path / "trace.json", spans, LABELS)
+    assert json.loads(path.read_text()) == chrome_trace(spans, LABELS)
+    check_trace(json.loads(path.read_text()))
+    assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]
+
+
+def test_step_trace_is_bounded():
+    trace = StepTrace(max_steps=50)
+    kept = sum(trace.add(1 + i // 100, i % 100, [("compute", i, i + 0.5)]) for i in range(10_000))
+    assert kept == trace.steps == 50
+    assert len(trace.spans()) == 50
+    assert {s[:2] for s in trace.spans()} == {(1, i) for i in range(50)}
+    pickle.loads(pickle.dumps(trace.spans()))
+
+
+def test_step_trace_samples_every_kth_epoch_after_its_window():
+    trace = StepTrace(max_steps=40, every_epoch=3, sample_steps=5)
+    for i in range(10_000):
+        trace.add(1 + i // 10, i % 10, [("compute", i, i + 0.5)])
+    steps = sorted({s[:2] for s in trace.spans()})
+    assert len(steps) == 40
+    assert steps[:20] == [(1 + i // 10, i % 10) for i in range(20)]  # the window: epochs 1-2
+    sampled = steps[20:]
+    assert {e for e, _ in sampled} == {3, 6, 9, 12}
+    assert all(s < 5 for _, s in sampled)
+
+
+def test_step_trace_refuses_a_phase_that_ends_before_it_starts():
+    with pytest.raises(ValueError, match="compute"):
+        StepTrace().add(1, 0, [("compute", 2.0, 1.0)])
