@@ -7,6 +7,7 @@ only when a picture is drawn or a logger made.
 - :mod:`~lbtrain.viz.records`: metrics.jsonl, written per epoch and read back.
 - :mod:`~lbtrain.viz.curves`: loss, accuracy, step time and idle time per epoch.
 - :mod:`~lbtrain.viz.trace`: per-step phases of every rank as a Perfetto trace.
+- :mod:`~lbtrain.viz.timeline`: such a trace as a picture; two runs one above the other.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lbtrain.viz.records import (
     resume_epochs,
     truncate_after,
 )
+from lbtrain.viz.timeline import compare_timelines, render_timeline, step_window
 from lbtrain.viz.trace import StepTrace, check_trace, chrome_trace, load_trace, write_trace
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "StepTrace",
     "check_trace",
     "chrome_trace",
+    "compare_timelines",
     "draw_curves",
     "epoch_records",
     "eval_records",
@@ -35,8 +38,10 @@ __all__ = [
     "load_trace",
     "plot_curves",
     "read_metrics",
+    "render_timeline",
     "replan_epochs",
     "resume_epochs",
+    "step_window",
     "truncate_after",
     "write_trace",
 ]

@@ -5,6 +5,7 @@ Fast and in-process: synthetic records and spans, pictures written to tmp_path.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import pickle
@@ -16,13 +17,16 @@ from lbtrain.viz import (
     StepTrace,
     check_trace,
     chrome_trace,
+    compare_timelines,
     draw_curves,
     epoch_records,
     eval_series,
     plot_curves,
     read_metrics,
+    render_timeline,
     replan_epochs,
     resume_epochs,
+    step_window,
     truncate_after,
     write_trace,
 )
@@ -365,3 +369,25 @@ def test_step_trace_samples_every_kth_epoch_after_its_window():
 def test_step_trace_refuses_a_phase_that_ends_before_it_starts():
     with pytest.raises(ValueError, match="compute"):
         StepTrace().add(1, 0, [("compute", 2.0, 1.0)])
+
+
+# --- timeline pictures ---------------------------------------------------------------------
+
+
+def test_render_timeline_writes_a_png(tmp_path):
+    path = write_trace(tmp_path / "trace.json", three_rank_spans(), LABELS)
+    assert_png(render_timeline(path, tmp_path / "timeline.png", "equal"), at_least=10_000)
+    window = step_window(json.loads(path.read_text()), 2, 3, 5)
+    assert window[1] > window[0]
+    assert_png(render_timeline(path, tmp_path / "window.png", window=window), at_least=10_000)
+
+
+def test_compare_timelines_writes_a_png(tmp_path):
+    equal = chrome_trace(three_rank_spans(), LABELS)
+    cost = chrome_trace(three_rank_spans(batches=(40, 16, 8)), LABELS)
+    before = copy.deepcopy(equal)
+    path = compare_timelines([equal, cost], ["equal", "cost"], tmp_path / "cmp.png", steps=(2, 8))
+    assert_png(path, at_least=20_000)
+    assert equal == before  # drawing does not touch the trace
+    with pytest.raises(ValueError, match="no slice"):
+        compare_timelines([equal], ["equal"], tmp_path / "x.png", epoch=9)
