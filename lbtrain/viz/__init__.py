@@ -8,6 +8,7 @@ only when a picture is drawn or a logger made.
 - :mod:`~lbtrain.viz.curves`: loss, accuracy, step time and idle time per epoch.
 - :mod:`~lbtrain.viz.trace`: per-step phases of every rank as a Perfetto trace.
 - :mod:`~lbtrain.viz.timeline`: such a trace as a picture; two runs one above the other.
+- :mod:`~lbtrain.viz.tensorboard`: the same records as TensorBoard scalars.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from lbtrain.viz.records import (
     resume_epochs,
     truncate_after,
 )
+from lbtrain.viz.tensorboard import TensorBoardLogger
 from lbtrain.viz.timeline import compare_timelines, render_timeline, step_window
 from lbtrain.viz.trace import StepTrace, check_trace, chrome_trace, load_trace, write_trace
 
 __all__ = [
     "MetricsStream",
     "StepTrace",
+    "TensorBoardLogger",
     "check_trace",
     "chrome_trace",
     "compare_timelines",

@@ -9,6 +9,7 @@ import copy
 import json
 import math
 import pickle
+import sys
 
 import pytest
 
@@ -391,3 +392,43 @@ def test_compare_timelines_writes_a_png(tmp_path):
     assert equal == before  # drawing does not touch the trace
     with pytest.raises(ValueError, match="no slice"):
         compare_timelines([equal], ["equal"], tmp_path / "x.png", epoch=9)
+
+
+# --- TensorBoard ---------------------------------------------------------------------------
+
+
+def test_tensorboard_logger_writes_an_event_file(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from lbtrain.viz import TensorBoardLogger
+
+    with TensorBoardLogger(tmp_path / "tb") as logger:
+        for record in run_records():
+            logger.log(record)
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {
+        "train/loss",
+        "train/lr",
+        "time/idle_fraction",
+        "wait_fraction/rank2",
+        "batch_size/rank0",
+        "eval/oa",
+        "eval/kappa",
+    } <= tags
+    assert [s.step for s in events.Scalars("train/loss")] == list(range(1, 9))
+    assert events.Scalars("wait_fraction/rank0")[0].value == pytest.approx(0.5)
+
+
+def test_missing_packages_name_the_extra_to_install(monkeypatch):
+    from lbtrain.viz._deps import pyplot, summary_writer_class
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # import now fails
+    with pytest.raises(RuntimeError, match=r"pip install 'lbtrain\[tensorboard\]'"):
+        summary_writer_class()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(RuntimeError, match=r"pip install 'lbtrain\[plot\]'"):
+        pyplot()
