@@ -180,7 +180,8 @@ def truncate_after(path: str | os.PathLike[str], epoch: int) -> list[dict[str, A
     records = read_metrics(path)
     kept: list[dict[str, Any]] = []
     for record in records:
-        if record["type"] in ("epoch", "eval") and record.get("epoch", 0) > epoch:
+        at = record.get("epoch")
+        if record["type"] in ("epoch", "eval") and isinstance(at, int) and at > epoch:
             break
         kept.append(record)
     atomic_write_text(path, "".join(_dumps(record) + "\n" for record in kept))

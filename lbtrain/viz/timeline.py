@@ -93,6 +93,17 @@ def _draw(axis: Any, trace: dict, window: tuple[float, float] | None) -> dict[st
                 linewidth=0.4,
                 label=phase,
             )
+    if not tids:
+        axis.text(
+            0.5,
+            0.5,
+            "no slices in the trace",
+            transform=axis.transAxes,
+            ha="center",
+            va="center",
+            color="gray",
+        )
+        return totals
     axis.set_yticks(range(len(tids)), [names[t] for t in tids])
     axis.set_ylim(len(tids) - 0.5, -0.5)  # rank 0 on top, as in Perfetto
     axis.set_xlim(0, max(high - low, 1e-6))
@@ -107,6 +118,8 @@ def _legend(figure: Any, axes: Sequence[Any]) -> None:
             handles.setdefault(label, handle)
     known = [p for p in PHASE_COLOURS if p in handles]
     order = known + [p for p in handles if p not in PHASE_COLOURS]
+    if not order:
+        return
     figure.legend(
         [handles[p] for p in order],
         order,
@@ -185,7 +198,10 @@ def compare_timelines(
     plt = pyplot()
     loaded = [load_trace(t) for t in traces]
     if epoch is None:
-        seen = sorted({e["args"]["epoch"] for e in loaded[0]["traceEvents"] if e.get("ph") == "X"})
+        events = loaded[0]["traceEvents"]
+        seen = sorted(
+            {e.get("args", {}).get("epoch") for e in events if e.get("ph") == "X"} - {None}
+        )
         if not seen:
             raise ValueError("the first trace has no slices")
         epoch = seen[1] if len(seen) > 1 else seen[0]
