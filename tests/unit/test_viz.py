@@ -381,6 +381,9 @@ def test_render_timeline_writes_a_png(tmp_path):
     window = step_window(json.loads(path.read_text()), 2, 3, 5)
     assert window[1] > window[0]
     assert_png(render_timeline(path, tmp_path / "window.png", window=window), at_least=10_000)
+    empty = {"traceEvents": [], "displayTimeUnit": "ms"}
+    check_trace(empty)
+    assert_png(render_timeline(empty, tmp_path / "empty.png"), at_least=5_000)
 
 
 def test_compare_timelines_writes_a_png(tmp_path):
