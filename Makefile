@@ -33,11 +33,12 @@ test-fast: lint
 	exit $$rc
 
 # The main job: real Indian Pines (tensorly's offline copy) on 3 ranks that emulate devices 1x,
-# 2x and 4x slow, balanced by the cost model; outputs in a new runs/<date-time>/.
+# 2x and 4x slow, balanced by the cost model; outputs in a new runs/<date-time>/, with a
+# Perfetto trace of every rank's steps (trace.json) beside curves.png.
 demo: $(STAMP)
 	$(VENV)/bin/mpiexec -n 3 $(VENV)/bin/lbtrain train --dataset indian_pines --model hamida \
 		--patch-size 11 --pca 30 --epochs 30 --global-batch 64 --threads 1 \
-		--emulate-slowdown 1,2,4 --policy cost
+		--emulate-slowdown 1,2,4 --policy cost --trace trace.json
 
 # The library call in a script of your own (examples/balanced_toy.py), checked against one process.
 demo-toy: $(STAMP)

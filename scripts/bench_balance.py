@@ -79,17 +79,17 @@ def _setup_figures(ranks: int, slowdown: str, quick: bool, workdir: Path) -> lis
     figures = []
     step = {}
     for policy in POLICIES:
-        summary = runs[policy].summary
-        step[policy] = bc.median_of(summary, "measured_step_seconds")
+        epochs = bc.epochs_of(runs[policy].out)
+        step[policy] = bc.median_of(epochs, "step_seconds")
         predicted = report["policies"][policy]["predicted_step_time"]
-        idle = " / ".join(f"{100 * x:.0f}" for x in bc.rank_idle(summary))
-        batches = "/".join(map(str, summary["epochs"][-1]["batch_sizes"]))
-        epochs = len(bc.measured_epochs(summary))
+        idle = " / ".join(f"{100 * x:.0f}" for x in bc.rank_idle(epochs))
+        batches = "/".join(map(str, epochs[-1]["batch_sizes"]))
+        measured = len(bc.measured_epochs(epochs))
         figures.append(Figure(
             NAME, f"{label} {policy} step", 1e3 * step[policy], "ms",
             note=f"batches {batches}; predicted {1e3 * predicted:.1f} ms; epoch "
-            f"{bc.median_of(summary, 'seconds'):.2f} s ({summary['epochs'][-1]['steps']} steps, "
-            f"median of {epochs}); idle per rank {idle} %"
+            f"{bc.median_of(epochs, 'seconds'):.2f} s ({epochs[-1]['steps']} steps, "
+            f"median of {measured}); idle per rank {idle} %"
             + ("; bench_ddp's run (uniform weights 1/P = b_i/B at equal batches)"
                if "--weighting uniform" in runs[policy].command else ""),
         ))  # fmt: skip

@@ -64,7 +64,10 @@ class BenchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Run:
-    """A finished `lbtrain train` run: its folder, summary.json and command."""
+    """A finished `lbtrain train` run: its folder, summary.json and command.
+
+    summary.json holds totals; the per-epoch records are in the folder (`epochs_of(out)`).
+    """
 
     out: Path
     summary: dict[str, Any]
@@ -212,21 +215,37 @@ def write_plan(path: Path, policy: str, ranks: int, profiles: Path | None = None
     return path
 
 
-def measured_epochs(summary: dict[str, Any]) -> list[dict[str, Any]]:
+def epochs_of(out: Path) -> list[dict[str, Any]]:
+    """The epoch records of the run in folder `out`, in epoch order, from its metrics.jsonl.
+
+    summary.json keeps totals only; each epoch's record (`seconds`, `step_seconds`, `steps`,
+    `batch_sizes`, `ranks`, ... as lbtrain/viz/records.py lists them) streams to the run's
+    metrics.jsonl. An epoch written twice (a resumed run) counts once, the later record.
+    """
+    from lbtrain.viz.records import epoch_records, read_metrics
+
+    path = Path(out) / "metrics.jsonl"
+    epochs = epoch_records(read_metrics(path))
+    if not epochs:
+        raise BenchError(f"{path}: no epoch records")
+    return epochs
+
+
+def measured_epochs(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The epochs to measure: from epoch 2 on (epoch 1 pays one-off costs), or all if one."""
-    epochs = summary["epochs"]
     return epochs[1:] or epochs
 
 
-def median_of(summary: dict[str, Any], key: str) -> float:
-    """Median of an epoch field (`seconds`, `measured_step_seconds`, ...) over measured epochs."""
-    return statistics.median(epoch[key] for epoch in measured_epochs(summary))
+def median_of(epochs: list[dict[str, Any]], key: str) -> float:
+    """Median of an epoch field (`seconds`, `step_seconds`, ...) over the measured epochs of
+    `epochs` (records from `epochs_of`)."""
+    return statistics.median(epoch[key] for epoch in measured_epochs(epochs))
 
 
-def rank_idle(summary: dict[str, Any]) -> list[float]:
+def rank_idle(epochs: list[dict[str, Any]]) -> list[float]:
     """Each rank's median share of its epoch time spent waiting, over measured epochs."""
-    epochs = measured_epochs(summary)
-    shares = [[r["wait"] / max(r["seconds"], 1e-12) for r in e["ranks"]] for e in epochs]
+    measured = measured_epochs(epochs)
+    shares = [[r["wait"] / max(r["seconds"], 1e-12) for r in e["ranks"]] for e in measured]
     return [statistics.median(rank) for rank in zip(*shares, strict=True)]
 
 

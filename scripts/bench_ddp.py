@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_balance import policy_runs  # noqa: E402
-from bench_common import VENV_BIN, Figure, standalone  # noqa: E402
+from bench_common import VENV_BIN, Figure, epochs_of, standalone  # noqa: E402
 
 __all__ = ["run", "main"]
 
@@ -152,9 +152,9 @@ def run(quick: bool, workdir: Path) -> list[Figure]:
     # bench_balance's 2-rank runs, made once for both: real Indian Pines, `make demo`'s model.
     runs = policy_runs(2, "1,3", quick, workdir)
     equal, cost = runs["equal"], runs["cost"]
-    epochs = len(cost.summary["epochs"])
+    epochs = len(epochs_of(cost.out))
     seconds = {
-        name: sum(e["seconds"] for e in run.summary["epochs"])
+        name: sum(e["seconds"] for e in epochs_of(run.out))
         for name, run in (("equal", equal), ("cost", cost))
     }
     figures += [

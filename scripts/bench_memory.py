@@ -3,7 +3,7 @@
 Each rank reports its peak RSS (`getrusage(RUSAGE_SELF).ru_maxrss`, from process start to
 the end of the run) in summary.json, per rank as `peak_rss_mib`. Target: at most 1.5 GB
 (1.5e9 bytes, 1,430.5 MiB) per rank. Full mode reads the demo itself (30 epochs, with the
-map pass); quick mode reads the 3-epoch demo-config run bench_profiling uses (no map pass;
+map pass); quick mode reads the 2-epoch demo-config run bench_profiling uses (no map pass;
 the peak is reached in profiling and the first steps, which both runs share).
 
     .venv/bin/python scripts/bench_memory.py [--quick] [--no-write]
@@ -25,8 +25,9 @@ TARGET_MIB = 1.5e9 / 2**20
 
 def run(quick: bool, workdir: Path) -> list[Figure]:
     """One figure per rank, each against the target."""
-    summary = bc.demo_run(quick, workdir).summary
-    epochs = len(summary["epochs"])
+    demo = bc.demo_run(quick, workdir)
+    summary = demo.summary
+    epochs = len(bc.epochs_of(demo.out))
     figures = []
     for row in summary["ranks"]:
         peak = row.get("peak_rss_mib")

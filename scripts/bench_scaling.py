@@ -38,14 +38,15 @@ def run(quick: bool, workdir: Path) -> list[Figure]:
     for ranks in RANKS:
         # `equal` needs no profile: train its plan at once (its predictions mean nothing).
         plan = bc.write_plan(workdir / f"plan-scaling-{ranks}.json", "equal", ranks)
-        summary = bc.train(ranks, [*options, "--plan", str(plan)], workdir).summary
-        epoch[ranks] = bc.median_of(summary, "seconds")
-        step = bc.median_of(summary, "measured_step_seconds")
+        trained = bc.train(ranks, [*options, "--plan", str(plan)], workdir)
+        summary, epochs = trained.summary, bc.epochs_of(trained.out)
+        epoch[ranks] = bc.median_of(epochs, "seconds")
+        step = bc.median_of(epochs, "step_seconds")
         efficiency = epoch[1] / (ranks * epoch[ranks])
         share = max(row["communication_fraction"] for row in summary["ranks"])
         comm_share.append(f"{100 * share:.1f}%")
         label = f"{ranks} rank{'s' if ranks > 1 else ''}"
-        last = summary["epochs"][-1]
+        last = epochs[-1]
         figures += [
             Figure(NAME, f"{label}: epoch", epoch[ranks], "s",
                    note=f"{last['steps']} steps; step {1e3 * step:.1f} ms, batches "

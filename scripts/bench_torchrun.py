@@ -118,6 +118,9 @@ def _plan(folder: Path) -> Path:
 
 def train_step(launcher: str, epochs: int, folder: Path, plan: Path) -> tuple[float, float]:
     """(median measured step from epoch 2 on, mean communication share) of one run."""
+    # Here, not at the top: bench_common tunes malloc, which the sync workers must not get.
+    from bench_common import epochs_of
+
     out = folder / f"{launcher}-{time.monotonic_ns()}"
     options = [*TRAIN, "--epochs", str(epochs), "--plan", str(plan), "--out", str(out)]
     if launcher == "mpiexec":
@@ -129,9 +132,9 @@ def train_step(launcher: str, epochs: int, folder: Path, plan: Path) -> tuple[fl
     )
     if done.returncode != 0:
         raise SystemExit(f"{launcher} run failed:\n{done.stdout}\n{done.stderr}")
-    summary = json.loads((out / "summary.json").read_text())
-    steps = [e["measured_step_seconds"] for e in summary["epochs"][1:]]
-    shares = [r["comm"] / r["seconds"] for e in summary["epochs"][1:] for r in e["ranks"]]
+    epochs = epochs_of(out)[1:]
+    steps = [e["step_seconds"] for e in epochs]
+    shares = [r["comm"] / r["seconds"] for e in epochs for r in e["ranks"]]
     return statistics.median(steps), statistics.mean(shares)
 
 

@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench_common import BenchError, train
+from bench_common import BenchError, Run, epochs_of, train
 
 __all__ = ["main"]
 
@@ -44,17 +44,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _run(ranks: int, options: list[str], parent: Path) -> dict[str, Any]:
+def _run(ranks: int, options: list[str], parent: Path) -> Run:
     try:
-        return train(ranks, options, parent).summary
+        return train(ranks, options, parent)
     except BenchError as exc:
         sys.exit(f"run failed: {exc}")
 
 
-def _table(summary: dict[str, Any]) -> None:
+def _table(run: Run) -> None:
+    summary, epochs = run.summary, epochs_of(run.out)
     print("epoch  batches           measured ms  predicted ms  error   idle  re-plan")
-    for epoch in summary["epochs"]:
-        measured, predicted = epoch["measured_step_seconds"], epoch["predicted_step_seconds"]
+    for epoch in epochs:
+        measured, predicted = epoch["step_seconds"], epoch["predicted_step_seconds"]
         error = (measured - predicted) / predicted if predicted else float("nan")
         replan = epoch.get("replan")
         change = f"-> {replan['new_batch_sizes']}" if replan else ""
@@ -67,10 +68,15 @@ def _table(summary: dict[str, Any]) -> None:
     if error is not None:
         print(f"median |error| from epoch 2 on: {100 * error:.1f}%")
     per_sample = [
-        f"rank {rank}: {1e6 * row['seconds_per_sample']:.0f} us"
-        for rank, row in enumerate(summary["epochs"][-1]["ranks"])
+        f"rank {row['rank']}: {1e6 * _compute_per_sample(row):.0f} us"
+        for row in epochs[-1]["ranks"]
     ]
     print("last epoch, measured compute per sample: " + ", ".join(per_sample))
+
+
+def _compute_per_sample(row: dict[str, Any]) -> float:
+    """A rank's measured compute seconds per sample of its own in an epoch (0 without any)."""
+    return row["compute"] / row["samples"] if row["samples"] else 0.0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,13 +84,11 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.mode == "predict":
-        summary = _run(args.ranks or 3, args.extra, args.out)
-        _table(summary)
+        _table(_run(args.ranks or 3, args.extra, args.out))
         return
     for replan in ("off", "auto"):
         print(f"\n--replan {replan}")
-        summary = _run(args.ranks or 2, [*args.extra, "--replan", replan], args.out)
-        _table(summary)
+        _table(_run(args.ranks or 2, [*args.extra, "--replan", replan], args.out))
 
 
 if __name__ == "__main__":

@@ -67,7 +67,8 @@ class TrainConfig:
         replan: "auto" switches every rank to the plan the measured compute times imply,
             once at least two epochs agree and the predicted gain beats both 5% and the
             measured epoch-to-epoch spread; "off" keeps the plan.
-        time_budget: seconds of profiling per rank.
+        time_budget: seconds of profiling per rank; short by default (3 s), since the
+            re-planner then refines the first plan from what training measures.
         profiles: reuse a profiles file instead of profiling.
         plan: reuse a plan file instead of profiling and planning.
         eval_every: evaluate every this many epochs (0: only at the end).
@@ -109,7 +110,7 @@ class TrainConfig:
     emulate_slowdown: str | None = None
     emulate_change: str | None = None
     replan: str = "auto"
-    time_budget: float = 10.0
+    time_budget: float = 3.0
     profiles: str | None = None
     plan: str | None = None
     eval_every: int = 0
@@ -165,6 +166,8 @@ class TrainConfig:
         for name in ("overwrite", "quiet"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
+        _inside_run("trace", self.trace, ".json")
+        _inside_run("tensorboard", self.tensorboard, "")
         if self.profiles and self.plan:
             raise ValueError("profiles and plan are both given; a plan already fixes the batches")
         return self
@@ -207,6 +210,20 @@ def save_toml(path: str | Path, config: TrainConfig) -> Path:
     from lbtrain.outputs import atomic_write_bytes
 
     return atomic_write_bytes(path, tomli_w.dumps(config.to_dict()).encode())
+
+
+def _inside_run(name: str, value: Any, suffix: str) -> None:
+    """A file or folder named relative to the run folder, inside it."""
+    if value is None:
+        return
+    path = Path(str(value))
+    if not isinstance(value, str) or not value.strip() or path.is_absolute() or ".." in path.parts:
+        raise ValueError(
+            f"{name}={value!r} must name a path inside the run folder, such as "
+            f"{'trace.json' if suffix else 'tensorboard'}; the run folder is chosen with out"
+        )
+    if suffix and path.suffix != suffix:
+        raise ValueError(f"{name}={value!r} must end in {suffix} (a Chrome/Perfetto JSON trace)")
 
 
 def _whole(config: TrainConfig, name: str, minimum: int | None) -> None:

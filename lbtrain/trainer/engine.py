@@ -127,6 +127,9 @@ class Callback:
     def on_fit_end(self, engine: Engine) -> None:
         """After training ends: all epochs done, or stopped (`engine.state.stop_code`)."""
 
+    def close(self) -> None:
+        """Release what it holds (files), once the run's outputs are written."""
+
     def state_dict(self) -> dict[str, Any] | None:
         """What a checkpoint keeps of it (None: nothing)."""
         return None
@@ -195,6 +198,11 @@ class Engine:
     def callback(self, kind: type[Callback]) -> Callback | None:
         """The first callback of this type, if any."""
         return next((c for c in self.callbacks if isinstance(c, kind)), None)
+
+    def close(self) -> None:
+        """Let every callback release what it holds."""
+        for callback in self.callbacks:
+            callback.close()
 
     def log(self, entry: dict[str, Any]) -> None:
         """Hand a metrics entry to the callbacks that keep them."""

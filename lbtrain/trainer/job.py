@@ -21,7 +21,7 @@ from lbtrain.outputs import atomic_write_text
 from lbtrain.trainer.callbacks import CheckpointCallback, EvaluateCallback
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.engine import Callback, Engine, StepTimer
-from lbtrain.trainer.outputs_stream import open_metrics
+from lbtrain.trainer.outputs_stream import METRICS_FILE, draw_curves, end_record, open_metrics
 from lbtrain.trainer.setup import Setup, build_engine, set_up
 from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.summary import build_summary, format_summary, rank_totals
@@ -70,8 +70,7 @@ def train(
             state = engine.fit()
             if state.stop_code:
                 return _stopped(setup, engine)
-            result = _finish(setup, engine, started)
-            stream.end(time.perf_counter() - started)
+            result = _finish(setup, engine, started, stream)
             return result
 
 
@@ -90,6 +89,7 @@ def _stopped(setup: Setup, engine: Engine) -> TrainResult:
             "time": time.time(),
         }
     )
+    setup.on_root(lambda: draw_curves(setup.out, f"{setup.workload.name}, stopped"))
     if comm.rank == 0:
         where = (
             f"in epoch {state.epoch + 1} after step {state.step}"
@@ -104,7 +104,7 @@ def _stopped(setup: Setup, engine: Engine) -> TrainResult:
     return TrainResult(setup.out, None, None, state.stop_code, Path(saved) if saved else None)
 
 
-def _finish(setup: Setup, engine: Engine, started: float) -> TrainResult:
+def _finish(setup: Setup, engine: Engine, started: float, stream: Any) -> TrainResult:
     """The final evaluation, predictions, summary and outputs, after the last epoch."""
     comm, workload, config = engine.comm, setup.workload, setup.config
     plan = engine.loader.plan  # re-planning may have switched it
@@ -144,6 +144,7 @@ def _finish(setup: Setup, engine: Engine, started: float) -> TrainResult:
         wall_seconds=time.perf_counter() - started,
         profile_seconds=setup.profile_seconds,
     )
+    stream.write(end_record(time.perf_counter() - started))
     written = setup.on_root(lambda: _write_outputs(setup, plan, metrics, summary, predictions))
     saver = engine.callback(CheckpointCallback)
     final = saver.path if isinstance(saver, CheckpointCallback) else None
@@ -159,10 +160,13 @@ def _write_outputs(
 ) -> list[Path]:
     out, workload = setup.out, setup.workload
     atomic_write_text(out / "plan.json", plan.to_json() + "\n")  # the plan in force now
-    written = [out / "metrics.json", out / "summary.json", out / "metrics.jsonl"]
+    written = [out / "metrics.json", out / "summary.json", out / METRICS_FILE]
     atomic_write_text(written[0], json.dumps(metrics, indent=2) + "\n")
     atomic_write_text(written[1], json.dumps(summary, indent=2) + "\n")
+    title = f"{workload.name}, {setup.comm.size} rank(s), policy {plan.policy}"
+    written += draw_curves(out, title)
+    if setup.config.trace:
+        written.append(out / setup.config.trace)
     if workload.artifacts is not None:
-        title = f"{workload.name}, {setup.comm.size} rank(s), policy {plan.policy}"
         written += workload.artifacts(ArtifactContext(out, metrics, predictions, title))
     return written

@@ -7,83 +7,46 @@ first, so every epoch appears once.
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-from lbtrain.outputs import atomic_write_text
 from lbtrain.trainer.callbacks import MetricsCallback
 from lbtrain.trainer.engine import Engine
+from lbtrain.viz.records import MetricsStream, truncate_after
 
 if TYPE_CHECKING:  # setup imports nothing from here; the type is for hints only
     from lbtrain.trainer.setup import Setup
 
-__all__ = ["METRICS_FILE", "MetricsStream", "clean", "keep_until", "open_metrics"]
+__all__ = ["CURVES_FILE", "METRICS_FILE", "draw_curves", "end_record", "open_metrics"]
 
 METRICS_FILE = "metrics.jsonl"
+CURVES_FILE = "curves.png"
 
 
-def clean(value: Any) -> Any:
-    """`value` with NaN and infinities as None: a diverged loss still makes valid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: clean(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [clean(v) for v in value]
-    return value
+def end_record(wall_seconds: float) -> dict[str, Any]:
+    """The run's last line."""
+    return {"type": "end", "time": time.time(), "wall_seconds": wall_seconds}
 
 
-class MetricsStream:
-    """Appends entries to a metrics.jsonl, one line each, flushed (not fsynced: a crash of
-    the process keeps what was flushed; only a crash of the machine may lose the last)."""
+def draw_curves(out: Path, title: str) -> list[Path]:
+    """curves.png from the run's metrics.jsonl; none (and one line why) without matplotlib."""
+    from lbtrain.viz.curves import plot_curves
+    from lbtrain.viz.records import read_metrics
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._file: IO[str] | None = path.open("a", encoding="utf-8")
-
-    def write(self, entry: dict[str, Any]) -> None:
-        """One line, flushed."""
-        if self._file is not None:
-            self._file.write(json.dumps(clean(entry), allow_nan=False) + "\n")
-            self._file.flush()
-
-    def end(self, wall_seconds: float) -> None:
-        """The run's last line."""
-        self.write({"type": "end", "time": time.time(), "wall_seconds": wall_seconds})
-
-    def close(self) -> None:
-        """Close the file."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-
-def keep_until(path: Path, epoch: int) -> None:
-    """Drop the lines of `path` past `epoch` (1-based; start lines stay); a torn last line
-    goes too."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line torn by a crash
-        if entry.get("type") in ("start", "end") or int(entry.get("epoch", 0)) <= epoch:
-            if entry.get("type") not in ("end", "stop") or int(entry.get("epoch", 0)) <= epoch:
-                kept.append(line)
-    atomic_write_text(path, "".join(k + "\n" for k in kept))
+    try:
+        return [plot_curves(read_metrics(out / METRICS_FILE), out / CURVES_FILE, title)]
+    except RuntimeError as exc:  # matplotlib missing: the run itself is fine
+        print(f"lbtrain: {CURVES_FILE} not drawn: {exc}", flush=True)
+        return []
 
 
 class _Silent:
     """What ranks other than 0 hold: they write nothing."""
 
-    def end(self, wall_seconds: float) -> None:
+    def write(self, entry: dict[str, Any]) -> None:
         """Only rank 0 writes."""
 
     def close(self) -> None:
@@ -100,8 +63,8 @@ def open_metrics(setup: Setup, engine: Engine) -> Iterator[MetricsStream | _Sile
     def start() -> MetricsStream:
         setup.start_outputs()
         if setup.checkpoint is not None:
-            keep_until(path, state.epoch)
-        stream = MetricsStream(path)
+            truncate_after(path, state.epoch)  # epochs a crashed run ran past its checkpoint
+        stream = MetricsStream(path, append=True)
         stream.write(
             {
                 "type": "start",
@@ -127,6 +90,7 @@ def open_metrics(setup: Setup, engine: Engine) -> Iterator[MetricsStream | _Sile
         yield stream
     finally:
         stream.close()
+        engine.close()
 
 
 def _device(entry: dict[str, Any]) -> str:

@@ -39,6 +39,7 @@ from lbtrain.trainer.callbacks import (
 from lbtrain.trainer.checkpoint import CHECKPOINT_DIR, save_checkpoint
 from lbtrain.trainer.config import TrainConfig, save_toml
 from lbtrain.trainer.engine import Callback, Engine, StepTimer
+from lbtrain.trainer.observers import TensorBoardCallback, TraceCallback
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
 from lbtrain.trainer.planning import make_plan, plan_notes
 from lbtrain.trainer.progress import Progress
@@ -102,6 +103,7 @@ class Setup:
 def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     """Check the settings, pick the folder, place the rank, build the workload, plan."""
     agree(comm, config.validate)
+    agree(comm, lambda: _check_extras(config))
     checkpoint = root_value(comm, lambda: read_checkpoint(config.resume))
     folder, clear = root_value(comm, lambda: prepare_out(config, checkpoint))
     replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown)
@@ -281,4 +283,26 @@ def _callbacks(setup: Setup, engine: Engine) -> list[Callback]:
         callbacks.append(ReplanCallback(Replanner(), setup.say))
     if config.divergence == "on":
         callbacks.append(DivergenceGuard())
+    if config.trace:
+        labels = [_device_label(d) for d in setup.devices]
+        callbacks.append(TraceCallback(setup.out / config.trace, labels, setup.on_root))
+    if config.tensorboard:
+        root = setup.comm.rank == 0
+        callbacks.append(TensorBoardCallback(setup.out / config.tensorboard if root else None))
     return callbacks
+
+
+def _device_label(entry: dict[str, Any]) -> str:
+    slowdown = entry.get("slowdown", 1)
+    return str(entry.get("device")) + (f" x{slowdown:g}" if slowdown != 1 else "")
+
+
+def _check_extras(config: TrainConfig) -> None:
+    """The optional packages a setting needs are there, before any expensive work."""
+    if config.tensorboard:
+        from lbtrain.viz._deps import summary_writer_class
+
+        try:
+            summary_writer_class()
+        except RuntimeError as exc:
+            raise ValueError(f"tensorboard={config.tensorboard!r}: {exc}") from None

@@ -271,3 +271,75 @@ def test_a_diverging_run_stops_every_rank_with_one_line_and_exit_1(tmp_path):
     # And a run that learns is left alone.
     job = lbtrain_ranks(2, *args, "--out", str(tmp_path / "fine"))
     assert job.codes == [0, 0], job.output()
+
+
+# ---------------------------------------------------------------------------------------
+# What a run shows: metrics.jsonl as it goes, curves.png, a trace, TensorBoard scalars
+
+
+def test_a_run_streams_metrics_and_draws_curves_a_trace_and_tensorboard(tmp_path):
+    from lbtrain.viz import check_trace, load_trace
+    from tests.fixtures.run_files import entries
+
+    out = tmp_path / "run"
+    job = lbtrain_ranks(
+        2, *faulty("--plan", str(plan_file(tmp_path, [1.0, 3.0]))), "--epochs", "3",
+        "--eval-every", "2", "--trace", "trace.json", "--tensorboard", "tb", "--out", str(out),
+    )  # fmt: skip
+    assert job.codes == [0, 0], job.output()
+    kinds = [entry["type"] for entry in entries(out)]
+    assert kinds == ["start", "epoch", "epoch", "eval", "epoch", "eval", "end"], kinds
+    epoch = entries(out)[1]
+    assert epoch["batch_sizes"] == [10, 30] and len(epoch["ranks"]) == 2
+    assert 0 <= epoch["accuracy"] <= 1 and epoch["lr"] > 0
+    assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    trace = load_trace(out / "trace.json")
+    check_trace(trace)
+    tracks = {e["tid"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert tracks == {0, 1}
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert names == {"compute", "wait", "sync", "optimizer"}
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--trace", "/abs/trace.json"], "--trace '/abs/trace.json' must name a path inside"),
+        (["--trace", "trace.txt"], "--trace 'trace.txt' must end in .json"),
+        (["--tensorboard", "../tb"], "--tensorboard '../tb' must name a path inside"),
+        (["--divergence", "maybe"], "--divergence"),
+    ],
+    ids=["trace-absolute", "trace-suffix", "tensorboard-outside", "divergence"],
+)
+def test_bad_view_settings_are_one_line_before_any_work(tmp_path, args, needle):
+    job = lbtrain_ranks(2, *faulty("--epochs", "1", "--out", str(tmp_path / "run")), *args)
+    assert job.codes == [2, 2], job.output()
+    assert needle in _one_error_line(job)
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------
+# Resume: a setting that would be ignored is applied (re-plan) or refused, never dropped
+
+
+def test_resume_applies_a_new_policy_and_refuses_a_budget_it_would_not_use(tmp_path):
+    from tests.fixtures.run_files import epoch_records
+
+    out = tmp_path / "run"
+    first = lbtrain_ranks(
+        2, "train", "--workload", FAULTY, "--global-batch", "40", "--threads", "1",
+        "--epochs", "1", "--time-budget", "0.3", "--policy", "cost", "--out", str(out),
+    )  # fmt: skip
+    assert first.codes == [0, 0], first.output()
+    refused = lbtrain_ranks(2, "train", "--resume", str(out), "--epochs", "2",
+                            "--time-budget", "5")  # fmt: skip
+    assert refused.codes == [2, 2], refused.output()
+    line = _one_error_line(refused)
+    assert "--time-budget 5 would not apply" in line and "leave it out" in line, line
+    applied = lbtrain_ranks(2, "train", "--resume", str(out), "--epochs", "2",
+                            "--policy", "equal")  # fmt: skip
+    assert applied.codes == [0, 0], applied.output()
+    assert "policy changed from 'cost' to 'equal': planning again" in applied.stdout
+    assert epoch_records(out)[-1]["batch_sizes"] == [20, 20]
+    assert load_toml(out / "config.toml")["policy"] == "equal"  # what ran

@@ -1,0 +1,84 @@
+"""Callbacks that let a user see a run: a per-rank Perfetto trace, TensorBoard scalars.
+
+Both are opt-in (`--trace FILE`, `--tensorboard DIR`, relative to the run folder) and cost
+nothing per step when off. The trace records each rank's phases per step (compute, waiting
+for the slowest, gradient sync, optimizer) for a bounded window of steps, on every rank's
+own clock from a common start (all ranks leave one barrier together), and rank 0 writes it
+at the end: the picture of the idle time balancing removes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lbtrain.trainer.control import Control
+from lbtrain.trainer.engine import Callback, Engine, StepTimes
+
+__all__ = ["TensorBoardCallback", "TraceCallback", "TRACE_STEPS"]
+
+# Steps recorded per rank: the first half of the run's steps up to this many, then samples
+# of every 10th epoch (lbtrain.viz.trace.StepTrace), so a long run's trace stays small.
+TRACE_STEPS = 400
+
+
+class TraceCallback(Callback):
+    """Records every rank's step phases; rank 0 writes a Chrome/Perfetto trace to `path`."""
+
+    order = 80
+
+    def __init__(self, path: Path, labels: list[str], write: Any) -> None:
+        from lbtrain.viz.trace import StepTrace
+
+        self.path, self.labels, self.write = path, labels, write
+        self.trace = StepTrace(TRACE_STEPS, every_epoch=10)
+        self.t0 = 0.0
+
+    def on_fit_start(self, engine: Engine) -> None:
+        engine.comm.barrier()  # every rank's clock starts at the same moment, near enough
+        self.t0 = engine.timer.now()
+
+    def on_step_end(self, engine: Engine, control: Control, times: StepTimes) -> None:
+        state, t0 = engine.state, self.t0
+        phases = (
+            ("compute", times.start - t0, times.computed - t0),
+            ("wait", times.computed - t0, times.waited - t0),
+            ("sync", times.waited - t0, times.synced - t0),
+            ("optimizer", times.synced - t0, times.done - t0),
+        )
+        self.trace.add(state.epoch, state.step, phases)
+
+    def on_fit_end(self, engine: Engine) -> None:
+        spans = engine.comm.allgather(self.trace.spans())
+        plan = engine.loader.plan
+        labels = [f"{label}, batch {b}" for label, b in zip(self.labels, plan.batch_sizes,
+                                                            strict=True)]  # fmt: skip
+        self.write(lambda: _write_trace(self.path, spans, labels))  # runs on rank 0 only
+
+
+def _write_trace(path: Path, spans: list[Any], labels: list[str]) -> Path:
+    from lbtrain.viz.trace import write_trace
+
+    return write_trace(path, spans, labels)
+
+
+class TensorBoardCallback(Callback):
+    """Logs every metrics entry (epoch, eval) as TensorBoard scalars, on rank 0."""
+
+    order = 35
+
+    def __init__(self, logdir: Path | None) -> None:
+        self.logger: Any = None
+        if logdir is not None:
+            from lbtrain.viz.tensorboard import TensorBoardLogger
+
+            self.logger = TensorBoardLogger(logdir)
+
+    def on_log(self, engine: Engine, entry: dict[str, Any]) -> None:
+        if self.logger is not None and entry.get("type") in ("epoch", "eval"):
+            self.logger.log(entry)
+
+    def close(self) -> None:
+        if self.logger is not None:
+            self.logger.close()
+            self.logger = None
