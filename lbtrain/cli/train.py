@@ -26,6 +26,7 @@ from lbtrain.session import agree, root_value
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import (
     DIVERGENCE_MODES,
+    LOG_LEVELS,
     LR_SCHEDULES,
     OPTIMIZERS,
     OVERLAP_MODES,
@@ -126,6 +127,9 @@ def add_parser(
          "defaults, flags override them (default: start afresh)", metavar="PATH")  # fmt: skip
     _add(basics, "quiet", "print only the final summary (default: progress and report too)",
          action="store_true")  # fmt: skip
+    _add(basics, "log_level", "the library's diagnostic lines on stderr: info (rank 0), debug "
+         "(every rank, tagged: the re-planner's reasoning, the profiling phases) or "
+         "warning", choices=LOG_LEVELS)  # fmt: skip
     _add(basics, "log_every", "also print a line every N steps when output is not a terminal "
          "(0: one line per epoch)", type=_non_negative)  # fmt: skip
     plan = parser.add_argument_group("balance")

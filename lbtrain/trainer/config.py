@@ -37,6 +37,7 @@ WEIGHTINGS = ("share", "uniform")
 REPLAN_MODES = ("auto", "off")
 OVERLAP_MODES = ("on", "off")
 DIVERGENCE_MODES = ("on", "off")
+LOG_LEVELS = ("debug", "info", "warning")
 
 
 @dataclass
@@ -67,7 +68,7 @@ class TrainConfig:
         replan: "auto" switches every rank to the plan the measured compute times imply,
             once at least two epochs agree and the predicted gain beats both 5% and the
             measured epoch-to-epoch spread; "off" keeps the plan.
-        time_budget: seconds of profiling per rank; short by default (3 s), since the
+        time_budget: seconds of profiling per rank; short by default (2 s), since the
             re-planner then refines the first plan from what training measures.
         profiles: reuse a profiles file instead of profiling.
         plan: reuse a plan file instead of profiling and planning.
@@ -89,6 +90,8 @@ class TrainConfig:
             above 1000 x the first step's, or 8 epochs of growth to above the first epoch's.
         trace: write a Chrome/Perfetto trace of each rank's steps to this file (None: no).
         tensorboard: also log the metrics to TensorBoard in this folder (None: no).
+        log_level: the library's diagnostic lines: "info" (rank 0), "debug" (every rank,
+            the re-planner's reasoning and the profiling phases) or "warning".
     """
 
     workload: str = "hyperspectral"
@@ -110,7 +113,7 @@ class TrainConfig:
     emulate_slowdown: str | None = None
     emulate_change: str | None = None
     replan: str = "auto"
-    time_budget: float = 3.0
+    time_budget: float = 2.0
     profiles: str | None = None
     plan: str | None = None
     eval_every: int = 0
@@ -127,6 +130,7 @@ class TrainConfig:
     divergence: str = "on"
     trace: str | None = None
     tensorboard: str | None = None
+    log_level: str = "info"
 
     def validate(self) -> TrainConfig:
         """Check every value; raise one ValueError naming the parameter, value and fix."""
@@ -149,6 +153,7 @@ class TrainConfig:
         _choice(self, "replan", REPLAN_MODES)
         _choice(self, "overlap", OVERLAP_MODES)
         _choice(self, "divergence", DIVERGENCE_MODES)
+        _choice(self, "log_level", LOG_LEVELS)
         _number(self, "lr", low=0.0, open_low=True)
         _number(self, "momentum", low=0.0, high=1.0, open_high=True)
         _number(self, "weight_decay", low=0.0)

@@ -21,6 +21,7 @@ from lbtrain.balancer import (
     subset_note,
 )
 from lbtrain.comm import Communicator
+from lbtrain.logs import logger
 from lbtrain.profiling import (
     ProfileConfig,
     ReplicaProfile,
@@ -66,8 +67,14 @@ def make_plan(
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
         agree(comm, lambda: _check_profiled(profiles, workload.name, config.profiles))
     else:
+        started = time.perf_counter()
         profiles = _profile(comm, config, replica, workload, make_optimizer)
-    return _retimed_plan(comm, config, replica, workload, make_optimizer, profiles)
+        logger.debug("profiling took %.2f s (time_budget %g s)",
+                     time.perf_counter() - started, config.time_budget)  # fmt: skip
+    started = time.perf_counter()
+    plan, profiles = _retimed_plan(comm, config, replica, workload, make_optimizer, profiles)
+    logger.debug("re-timing and planning took %.2f s", time.perf_counter() - started)
+    return plan, profiles
 
 
 def _profile(
@@ -88,6 +95,11 @@ def _profile(
             time_budget=config.time_budget,
             seed=config.seed,
             reference_batch=reference,
+            # Fewer repeats than `lbtrain profile`: training measures every epoch, and the
+            # re-planner refines this first plan from it (issue 20: profile little).
+            warmup=1,
+            repeats=3,
+            min_repeats=2,
         ),
     )
     return profile_workload(comm, replica, workload, profile_config, make_optimizer)
@@ -127,11 +139,11 @@ def _retimed_plan(
             for p, b in zip(profiles, plan.batch_sizes, strict=True)
         ]
         # The first round always runs (a few steps at batches training will run anyway);
-        # later ones while re-timing has taken less than twice the time budget. Rank 0's
+        # later ones while re-timing has taken less than the time budget. Rank 0's
         # clock decides for every rank, as a rank that stopped early would leave the others
         # waiting in the next allgather.
         over = comm.bcast(
-            round_index > 0 and time.perf_counter() - started > 2 * config.time_budget, root=0
+            round_index > 0 and time.perf_counter() - started > config.time_budget, root=0
         )
         if not any(wanted) or over:
             break

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lbtrain.balancer import WORTHWHILE, BalancePlan, CommCost, ReplicaSpeed, plan_batches
+from lbtrain.logs import logger
 
 __all__ = ["Replan", "Replanner", "predicted_steps", "propose", "refreshed", "rescaled_replicas"]
 
@@ -204,11 +205,14 @@ def propose(
 CHANGE = 0.25
 # The gain must beat this many standard errors of the measured rates.
 SIGMAS = 3.0
+# The smallest predicted gain worth a switch: a switch moves no data and keeps the update
+# exact, so a small gain is worth it once the measurements show it is real.
+REPLAN_GAIN = 0.02
 # Epochs of one segment kept for its statistics.
 WINDOW = 8
-# Two epochs cannot tell their noise: the spread starts from this prior (one pseudo-epoch
-# 10% off), which the measured epochs outweigh as they come.
-PRIOR_SPREAD = 0.1
+# Two epochs cannot tell their noise: each rank's spread starts from this prior (one
+# pseudo-epoch 5% off), which the measured epochs outweigh as they come.
+PRIOR_SPREAD = 0.05
 
 
 def _factors(measured: Sequence[Mapping[str, float]]) -> list[float | None]:
@@ -228,6 +232,15 @@ def _pooled(epochs: Sequence[Sequence[Mapping[str, float]]]) -> list[dict[str, f
         {k: sum(epoch[rank].get(k, 0.0) for epoch in epochs) for k in keys}
         for rank in range(len(epochs[-1]))
     ]
+
+
+def _shown(values: Sequence[float | None]) -> str:
+    return "[" + ", ".join("-" if v is None else f"{v:.3f}" for v in values) + "]"
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
 
 
 def _agree(a: Sequence[float | None], b: Sequence[float | None]) -> bool:
@@ -250,7 +263,7 @@ class Replanner:
     resumed run decides what the uninterrupted run decides.
     """
 
-    def __init__(self, threshold: float = WORTHWHILE) -> None:
+    def __init__(self, threshold: float = REPLAN_GAIN) -> None:
         self.threshold = threshold
         self.segment: list[list[dict[str, float]]] = []
         self.pending: list[dict[str, float]] | None = None
@@ -262,8 +275,12 @@ class Replanner:
         if plan.policy == "equal" or len(measured) != plan.world_size:
             return None
         epoch = [dict(entry) for entry in measured]
+        logger.debug("re-planner: factors %s; segment of %d epoch(s)",
+                     _shown(_factors(epoch)), len(self.segment))  # fmt: skip
         if self._changed(epoch):
             if self.pending is None or not self._same_change(self.pending, epoch):
+                logger.debug("re-planner: rates jumped more than %d%%; waiting for a second "
+                             "epoch that agrees", round(100 * CHANGE))  # fmt: skip
                 self.pending = epoch
                 return None
             self.segment, self.anchor = [self.pending], None  # the old rates are gone
@@ -298,26 +315,42 @@ class Replanner:
             means.append(sum(values) / len(values) if values else None)
         return means
 
-    def _noise(self) -> float:
-        """The largest relative standard error of a rank's mean factor over the segment."""
-        worst = 0.0
-        for column in zip(*(_factors(epoch) for epoch in self.segment), strict=True):
-            values = [v for v in column if v is not None]
-            if not values:
+    def _shrunk(self) -> list[dict[str, float]]:
+        """The segment's pooled figures, each rank's rate pulled toward the others' by
+        SIGMAS standard errors of its own: what is left is the evidence, not the noise."""
+        pooled = _pooled(self.segment)
+        columns = list(zip(*(_factors(epoch) for epoch in self.segment), strict=True))
+        means = [_mean(c) for c in columns]
+        working = [m for m in means if m is not None]
+        if not working:
+            return pooled
+        centre = sum(working) / len(working)
+        for entry, column, mean in zip(pooled, columns, means, strict=True):
+            if mean is None:
                 continue
-            mean = sum(values) / len(values)
-            squares = sum((v / mean - 1) ** 2 for v in values) + PRIOR_SPREAD**2
-            spread = math.sqrt(squares / len(values))
-            worst = max(worst, spread / math.sqrt(len(values)))
-        return worst
+            values = [v / mean - 1 for v in column if v is not None]
+            error = mean * math.sqrt((sum(v * v for v in values) + PRIOR_SPREAD**2) / len(values))
+            error /= math.sqrt(len(values))
+            gap = mean - centre
+            shrunk = centre + math.copysign(max(0.0, abs(gap) - SIGMAS * error), gap)
+            entry["compute"] = entry["predicted"] * shrunk
+        return pooled
 
     def _decide(self, plan: BalancePlan) -> Replan | None:
         if len(self.segment) < 2:
             return None
-        need = max(self.threshold, SIGMAS * self._noise())
-        pooled = _pooled(self.segment)
         previous = _pooled([self.anchor]) if self.anchor is not None else None
-        change = propose(plan, pooled, threshold=need, previous=previous)
+        # The evidence decides whether to move; the best estimate decides where to.
+        if propose(plan, self._shrunk(), threshold=self.threshold, previous=previous) is None:
+            logger.debug(
+                "re-planner: no plan beats %d%% once each rate is pulled %g standard errors "
+                "toward the others'",
+                round(100 * self.threshold),
+                SIGMAS,
+            )
+            return None
+        pooled = _pooled(self.segment)
+        change = propose(plan, pooled, threshold=self.threshold, previous=previous)
         if change is None:
             return None
         self.anchor, self.segment = pooled, []

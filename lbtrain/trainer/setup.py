@@ -23,6 +23,8 @@ from lbtrain.comm import Communicator
 from lbtrain.data import balanced_loader
 from lbtrain.emulation import Slowdown, slowdown_schedule
 from lbtrain.evaluation import evaluate
+from lbtrain.logs import configure as configure_logging
+from lbtrain.logs import set_rank
 from lbtrain.outputs import atomic_write_text
 from lbtrain.profiling import ReplicaProfile
 from lbtrain.profiling.record import profiles_to_dict
@@ -103,6 +105,8 @@ class Setup:
 def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     """Check the settings, pick the folder, place the rank, build the workload, plan."""
     agree(comm, config.validate)
+    configure_logging(config.log_level)
+    set_rank(comm.rank, thread=threading.current_thread() is not threading.main_thread())
     agree(comm, lambda: _check_extras(config))
     checkpoint = root_value(comm, lambda: read_checkpoint(config.resume))
     folder, clear = root_value(comm, lambda: prepare_out(config, checkpoint))
