@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,6 +225,30 @@ def _factors(measured: Sequence[Mapping[str, float]]) -> list[float | None]:
     return factors
 
 
+def _relative(measured: Sequence[Mapping[str, float]]) -> list[float | None]:
+    """Per rank, its factor over the mean of the ranks that ran that epoch: what a plan can
+    act on, free of a slowdown common to all."""
+    factors = _factors(measured)
+    working = [f for f in factors if f is not None]
+    if not working:
+        return factors
+    mean = sum(working) / len(working)
+    return [None if f is None else f / mean for f in factors]
+
+
+def _versus_others(measured: Sequence[Mapping[str, float]]) -> list[float | None]:
+    """Per rank, its factor over the mean of the other ranks that ran that epoch (1 for a
+    rank alone): a change on one rank shows in full, even among two."""
+    factors = _factors(measured)
+    total = sum(f for f in factors if f is not None)
+    count = sum(1 for f in factors if f is not None)
+    relative: list[float | None] = []
+    for f in factors:
+        others = count - 1
+        relative.append(None if f is None else 1.0 if others == 0 else f / ((total - f) / others))
+    return relative
+
+
 def _pooled(epochs: Sequence[Sequence[Mapping[str, float]]]) -> list[dict[str, float]]:
     """Per rank, the sums of several epochs' measurements (as one long epoch)."""
     keys = ("compute", "predicted", "samples", "steps", "comm")
@@ -291,13 +315,14 @@ class Replanner:
     def _changed(self, epoch: list[dict[str, float]]) -> bool:
         if not self.segment:
             return False
-        means = self._means()
-        return not _agree(means, _factors(epoch))
+        means = self._means(_versus_others)
+        return not _agree(means, _versus_others(epoch))
 
     def _same_change(self, first: list[dict[str, float]], second: list[dict[str, float]]) -> bool:
         """Whether two epochs that left the segment moved the same way on every rank (their
         sizes may differ: a loaded machine adds its own noise to a real change)."""
-        for mean, a, b in zip(self._means(), _factors(first), _factors(second), strict=True):
+        means = self._means(_versus_others)
+        for mean, a, b in zip(means, _versus_others(first), _versus_others(second), strict=True):
             if mean is None or a is None or b is None:
                 continue
             da, db = a / mean - 1, b / mean - 1
@@ -307,8 +332,9 @@ class Replanner:
                 return False
         return True
 
-    def _means(self) -> list[float | None]:
-        columns = list(zip(*(_factors(epoch) for epoch in self.segment), strict=True))
+    def _means(self, relative: Callable[..., list[float | None]]) -> list[float | None]:
+        """Each rank's mean relative rate over the segment."""
+        columns = list(zip(*(relative(epoch) for epoch in self.segment), strict=True))
         means: list[float | None] = []
         for column in columns:
             values = [v for v in column if v is not None]
@@ -317,23 +343,27 @@ class Replanner:
 
     def _shrunk(self) -> list[dict[str, float]]:
         """The segment's pooled figures, each rank's rate pulled toward the others' by
-        SIGMAS standard errors of its own: what is left is the evidence, not the noise."""
+        SIGMAS standard errors of its own: what is left is the evidence, not the noise.
+
+        Rates are compared relative to each epoch's mean over the ranks: a machine that
+        slows every rank alike changes no share, so only what differs between ranks counts.
+        """
         pooled = _pooled(self.segment)
-        columns = list(zip(*(_factors(epoch) for epoch in self.segment), strict=True))
-        means = [_mean(c) for c in columns]
-        working = [m for m in means if m is not None]
-        if not working:
+        columns = list(zip(*(_relative(epoch) for epoch in self.segment), strict=True))
+        absolute = [f for epoch in self.segment for f in _factors(epoch) if f is not None]
+        if not absolute:
             return pooled
-        centre = sum(working) / len(working)
-        for entry, column, mean in zip(pooled, columns, means, strict=True):
-            if mean is None:
+        centre = sum(absolute) / len(absolute)
+        for entry, column in zip(pooled, columns, strict=True):
+            values = [v for v in column if v is not None]
+            if not values:
                 continue
-            values = [v / mean - 1 for v in column if v is not None]
-            error = mean * math.sqrt((sum(v * v for v in values) + PRIOR_SPREAD**2) / len(values))
-            error /= math.sqrt(len(values))
-            gap = mean - centre
-            shrunk = centre + math.copysign(max(0.0, abs(gap) - SIGMAS * error), gap)
-            entry["compute"] = entry["predicted"] * shrunk
+            mean = sum(values) / len(values)
+            spread = sum((v / mean - 1) ** 2 for v in values) + PRIOR_SPREAD**2
+            error = mean * math.sqrt(spread / len(values)) / math.sqrt(len(values))
+            gap = mean - 1
+            shrunk = 1 + math.copysign(max(0.0, abs(gap) - SIGMAS * error), gap)
+            entry["compute"] = entry["predicted"] * centre * shrunk
         return pooled
 
     def _decide(self, plan: BalancePlan) -> Replan | None:
