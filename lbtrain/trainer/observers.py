@@ -33,6 +33,7 @@ class TraceCallback(Callback):
         self.path, self.labels, self.write = path, labels, write
         self.trace = StepTrace(TRACE_STEPS, every_epoch=10)
         self.t0 = 0.0
+        self.plans: list[tuple[int, ...]] = []  # the batches of the steps recorded, in order
 
     def on_fit_start(self, engine: Engine) -> None:
         engine.comm.barrier()  # every rank's clock starts at the same moment, near enough
@@ -46,13 +47,19 @@ class TraceCallback(Callback):
             ("sync", times.waited - t0, times.synced - t0),
             ("optimizer", times.synced - t0, times.done - t0),
         )
-        self.trace.add(state.epoch, state.step, phases)
+        # Epochs and steps as a user counts them (from 1), as in metrics.jsonl.
+        if self.trace.add(state.epoch + 1, state.step, phases):
+            batches = tuple(engine.loader.plan.batch_sizes)
+            if not self.plans or self.plans[-1] != batches:
+                self.plans.append(batches)
 
     def on_fit_end(self, engine: Engine) -> None:
         spans = engine.comm.allgather(self.trace.spans())
-        plan = engine.loader.plan
-        labels = [f"{label}, batch {b}" for label, b in zip(self.labels, plan.batch_sizes,
-                                                            strict=True)]  # fmt: skip
+        plans = self.plans or [tuple(engine.loader.plan.batch_sizes)]
+        labels = [
+            f"{label}, batch " + " then ".join(str(p[rank]) for p in plans)
+            for rank, label in enumerate(self.labels)
+        ]
         self.write(lambda: _write_trace(self.path, spans, labels))  # runs on rank 0 only
 
 

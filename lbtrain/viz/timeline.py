@@ -111,7 +111,7 @@ def _draw(axis: Any, trace: dict, window: tuple[float, float] | None) -> dict[st
     return totals
 
 
-def _legend(figure: Any, axes: Sequence[Any]) -> None:
+def _legend(figure: Any, axes: Sequence[Any], top: float = 1.0) -> None:
     handles: dict[str, Any] = {}
     for axis in axes:
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
@@ -124,6 +124,7 @@ def _legend(figure: Any, axes: Sequence[Any]) -> None:
         [handles[p] for p in order],
         order,
         loc="upper right",
+        bbox_to_anchor=(1.0, top),
         ncol=len(order),
         fontsize=9,
         frameon=False,
@@ -224,7 +225,8 @@ def compare_timelines(
         )
     axes[-1].set_xlabel("time from the first step shown (ms)")
     if title:
-        figure.suptitle(title, x=0.01, ha="left")
-    _legend(figure, list(axes))
-    figure.tight_layout(rect=(0, 0, 1, 0.95))
+        figure.suptitle(title, x=0.01, y=0.995, ha="left")
+    # Below the title's line when there is one, so the two never overlap.
+    _legend(figure, list(axes), top=0.955 if title else 1.0)
+    figure.tight_layout(rect=(0, 0, 1, 0.91 if title else 0.95))
     return _save(figure, plt, png_path)
