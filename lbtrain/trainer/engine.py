@@ -356,7 +356,7 @@ class Engine:
         state = self.state
         shown = value if not math.isfinite(value) else "non-finite"
         raise TrainingDiverged(
-            f"the training loss became {shown} at epoch {state.epoch + 1}, step "
+            f"training diverged: the loss became {shown} at epoch {state.epoch + 1}, step "
             f"{state.step + 1} (on {int(control.nonfinite)} rank(s)); lower the learning rate "
             "(--lr), or check the data for NaN or infinite values; earlier checkpoints are kept"
         )
