@@ -159,10 +159,11 @@ def add_parser(
     _add(plan, "emulate_change", "testing aid: change the emulated slowdowns mid-run; "
          "EPOCH:F0,F1,... sets the factors from that epoch (counted from 1) on, e.g. 3:4,1; "
          "several entries separated by ';' (default: none)", metavar="E:F0,F1")  # fmt: skip
-    _add(plan, "replan", "auto: at each epoch's end, refit each rank's speed and the sync "
-         "from what the epoch measured (the next epoch's prediction) and switch to the plan "
-         "they imply when it is predicted more than 5%% faster (exact either way); off: keep "
-         "the first plan and its profiled prediction", choices=REPLAN_MODES)  # fmt: skip
+    _add(plan, "replan", "auto: at each epoch's end, compare what each rank measured with its "
+         "speed model and switch every rank to a better plan once the evidence holds: two "
+         "epochs or more, and a gain above 2%% even with each rank's rate pulled 3 standard "
+         "errors toward the others' (exact either way); off: keep the first plan and its "
+         "profiled prediction", choices=REPLAN_MODES)  # fmt: skip
     _add(plan, "time_budget", "seconds each rank spends profiling, about", type=positive_float)
     optim = parser.add_argument_group("optimisation")
     _add(optim, "optimizer", "optimizer", choices=OPTIMIZERS)

@@ -19,7 +19,7 @@ from lbtrain.trainer.control import Control
 from lbtrain.trainer.engine import Callback, Engine, StepTimes, TrainingDiverged
 from lbtrain.trainer.progress import Progress
 from lbtrain.trainer.records import EpochRecord
-from lbtrain.trainer.replan import Replanner
+from lbtrain.trainer.replanner import Replanner
 from lbtrain.trainer.summary import format_metric
 
 __all__ = [

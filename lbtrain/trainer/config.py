@@ -66,8 +66,9 @@ class TrainConfig:
         emulate_change: testing aid, slowdowns that change mid-run: "EPOCH:F0,F1,..."
             entries separated by ";" (from that epoch, counted from 1), or None.
         replan: "auto" switches every rank to the plan the measured compute times imply,
-            once at least two epochs agree and the predicted gain beats both 5% and the
-            measured epoch-to-epoch spread; "off" keeps the plan.
+            once the evidence holds (lbtrain.trainer.replanner.Replanner: two epochs or more,
+            and a gain above 2% even with each rate pulled 3 standard errors toward the
+            others'); "off" keeps the plan.
         time_budget: seconds of profiling per rank; short by default (2 s), since the
             re-planner then refines the first plan from what training measures.
         profiles: reuse a profiles file instead of profiling.

@@ -45,7 +45,7 @@ from lbtrain.trainer.observers import TensorBoardCallback, TraceCallback
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
 from lbtrain.trainer.planning import make_plan, plan_notes
 from lbtrain.trainer.progress import Progress
-from lbtrain.trainer.replan import Replanner
+from lbtrain.trainer.replanner import Replanner
 from lbtrain.trainer.resume import check_trainable, read_checkpoint
 from lbtrain.trainer.run_folder import prepare_out, start_run_folder
 from lbtrain.trainer.signals import StopSignal

@@ -365,6 +365,8 @@ def test_sigterm_in_any_phase_ends_the_job_with_143_and_a_resumable_checkpoint(t
         assert not saved, job.output()
         return
     assert saved and load_checkpoint(saved[-1])["global_step"] == 10, job.output()
+    if phase == "draw":
+        return  # the same checkpoint as in "evaluate", whose resume is checked there
     code, job = run(tmp_path, 2, "--resume", str(out), "--hold", "none", "--quiet")
     assert code == 0, job.output()
     assert (out / "metrics.json").exists()

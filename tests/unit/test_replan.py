@@ -7,12 +7,12 @@ import pytest
 from lbtrain.balancer import BalancePlan, CommCost, ReplicaSpeed, plan_batches
 from lbtrain.emulation import Slowdown, factor_at, parse_slowdown_changes, slowdown_schedule
 from lbtrain.trainer.replan import (
-    Replanner,
     predicted_steps,
     propose,
     refreshed,
     rescaled_replicas,
 )
+from lbtrain.trainer.replanner import Replanner
 
 SPEEDS = [ReplicaSpeed(1000.0, alpha=0.001), ReplicaSpeed(250.0, alpha=0.004)]
 

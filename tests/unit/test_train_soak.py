@@ -17,7 +17,7 @@ from lbtrain.trainer.checkpoint import list_checkpoints
 from tests.fixtures.faulty_runs import FAULTY
 from tests.fixtures.run_files import epoch_records
 
-EPOCHS = 1200
+EPOCHS = 800
 
 
 def _rss_kib() -> int:
@@ -66,7 +66,7 @@ def test_checkpoint_size_and_rss_stay_flat_over_many_short_epochs(tmp_path):
     (rss_a, size_a), (rss_b, size_b) = watch.seen[400], watch.seen[EPOCHS]
     assert len(epoch_records(tmp_path / "run")) == EPOCHS  # every epoch is on file
     # Flat: the re-planner's window (at most 8 epochs of per-rank figures, a few KB) is all
-    # that may differ; the old history added about 1.4 KB per epoch, 1.1 MB over these 800.
+    # that may differ; the old history added about 1.4 KB per epoch, 560 KB over these 400.
     assert abs(size_b - size_a) < 8192, (size_a, size_b)
-    # 800 epochs at the old 9.5 KB each would be 7.6 MB; allow 2 MB of allocator noise.
+    # 400 epochs at the old 9.5 KB each would be 3.8 MB; allow 2 MB of allocator noise.
     assert rss_b - rss_a < 2048, (rss_a, rss_b)
