@@ -53,7 +53,7 @@ def train(
     Args:
         config: the validated settings.
         comm: the job's communicator.
-        callbacks: extra engine callbacks (the run's own come first).
+        callbacks: extra engine callbacks, placed among the run's own by their `order`.
         timer: the engine's clock (tests pass one that follows a model).
 
     Raises:
