@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from lbtrain.trainer.callbacks import MetricsCallback
 from lbtrain.trainer.engine import Engine
+from lbtrain.trainer.summary import device_label
 from lbtrain.viz.records import MetricsStream, truncate_after
 
 if TYPE_CHECKING:  # setup imports nothing from here; the type is for hints only
@@ -74,7 +75,7 @@ def open_metrics(setup: Setup, engine: Engine) -> Iterator[MetricsStream | _Sile
                 "global_batch": setup.plan.global_batch_size,
                 "epochs": state.epochs,
                 "batch_sizes": list(engine.loader.plan.batch_sizes),
-                "devices": [_device(d) for d in setup.devices],
+                "devices": [device_label(d) for d in setup.devices],
                 "resumed_at": {"epoch": state.epoch, "step": state.step}
                 if setup.checkpoint is not None
                 else None,
@@ -91,8 +92,3 @@ def open_metrics(setup: Setup, engine: Engine) -> Iterator[MetricsStream | _Sile
     finally:
         stream.close()
         engine.close()
-
-
-def _device(entry: dict[str, Any]) -> str:
-    slowdown = entry.get("slowdown", 1)
-    return str(entry.get("device")) + (f" x{slowdown:g}" if slowdown != 1 else "")

@@ -150,7 +150,6 @@ class Totals:
         if record.epoch >= 1 and record.steps and record.predicted_seconds > 0:
             predicted = record.predicted_step_seconds
             self.errors.append(abs(record.step_seconds - predicted) / predicted)
-        self.last = record.to_metrics()
 
     def state_dict(self) -> dict[str, Any]:
         """Plain values for a checkpoint."""

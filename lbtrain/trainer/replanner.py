@@ -154,12 +154,8 @@ class Replanner:
 
     def _means(self, relative: Callable[..., list[float | None]]) -> list[float | None]:
         """Each rank's mean relative rate over the segment."""
-        columns = list(zip(*(relative(epoch) for epoch in self.segment), strict=True))
-        means: list[float | None] = []
-        for column in columns:
-            values = [v for v in column if v is not None]
-            means.append(sum(values) / len(values) if values else None)
-        return means
+        columns = zip(*(relative(epoch) for epoch in self.segment), strict=True)
+        return [_mean(column) for column in columns]
 
     def _shrunk(self) -> list[dict[str, float]]:
         """The segment's pooled figures, each rank's rate pulled toward the others' by

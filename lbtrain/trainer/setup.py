@@ -50,6 +50,7 @@ from lbtrain.trainer.resume import check_trainable, read_checkpoint
 from lbtrain.trainer.run_folder import prepare_out, start_run_folder
 from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.state import checkpoint_state, restore, same_plan
+from lbtrain.trainer.summary import device_label
 from lbtrain.workloads import Workload
 
 __all__ = ["Setup", "build_engine", "set_up"]
@@ -288,17 +289,12 @@ def _callbacks(setup: Setup, engine: Engine) -> list[Callback]:
     if config.divergence == "on":
         callbacks.append(DivergenceGuard())
     if config.trace:
-        labels = [_device_label(d) for d in setup.devices]
+        labels = [device_label(d) for d in setup.devices]
         callbacks.append(TraceCallback(setup.out / config.trace, labels, setup.on_root))
     if config.tensorboard:
         root = setup.comm.rank == 0
         callbacks.append(TensorBoardCallback(setup.out / config.tensorboard if root else None))
     return callbacks
-
-
-def _device_label(entry: dict[str, Any]) -> str:
-    slowdown = entry.get("slowdown", 1)
-    return str(entry.get("device")) + (f" x{slowdown:g}" if slowdown != 1 else "")
 
 
 def _check_extras(config: TrainConfig) -> None:

@@ -16,6 +16,7 @@ from lbtrain.comm import Communicator
 from lbtrain.trainer.records import Totals
 
 __all__ = [
+    "device_label",
     "build_summary",
     "format_metric",
     "format_summary",
@@ -140,6 +141,12 @@ def _rank_rows(
     return ranks
 
 
+def device_label(entry: Mapping[str, Any]) -> str:
+    """A rank's device as the run shows it: "cpu", or "cpu x4" under an emulated slowdown."""
+    slowdown = entry.get("slowdown", 1)
+    return str(entry.get("device")) + (f" x{slowdown:g}" if slowdown != 1 else "")
+
+
 def format_summary(
     summary: Mapping[str, Any], headline: Sequence[str], outputs: Sequence[str]
 ) -> str:
@@ -166,7 +173,7 @@ def format_summary(
     header = f"  {'rank':>4}  {'device':<10} {'batch':>6}  {'compute':>8} {'comm':>7} {'wait':>7}"
     lines += ["", header]
     for row in summary["ranks"]:
-        device = row["device"] + (f" x{row['slowdown']:g}" if row.get("slowdown", 1) != 1 else "")
+        device = device_label(row)
         lines.append(
             f"  {row['rank']:>4}  {device:<10} {row['batch_size']:>6}  "
             f"{100 * row['compute_fraction']:>7.1f}% {100 * row['communication_fraction']:>6.1f}% "

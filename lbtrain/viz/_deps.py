@@ -7,9 +7,11 @@ the trainer and from scripts, so they say which extra to install and nothing mor
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
-__all__ = ["pyplot", "summary_writer_class"]
+__all__ = ["pyplot", "save_figure", "summary_writer_class"]
 
 
 def pyplot() -> Any:
@@ -39,3 +41,15 @@ def summary_writer_class() -> Any:
             f"({exc}); install it with `pip install 'lbtrain[tensorboard]'`"
         ) from None
     return SummaryWriter
+
+
+def save_figure(figure: Any, plt: Any, path: str | os.PathLike[str]) -> Path:
+    """Write `figure` to `path` (folders made, atomically, 120 dpi) and close it."""
+    from lbtrain.outputs import atomic_write
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return atomic_write(path, lambda temporary: figure.savefig(temporary, dpi=120))
+    finally:
+        plt.close(figure)

@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lbtrain.outputs import atomic_write
-from lbtrain.viz._deps import pyplot
+from lbtrain.viz._deps import pyplot, save_figure
 from lbtrain.viz.records import epoch_records, eval_records, replan_epochs, resume_epochs
 
 __all__ = ["draw_curves", "eval_series", "plot_curves"]
@@ -242,9 +241,4 @@ def plot_curves(
     """
     plt = pyplot()
     figure, _ = draw_curves(records, title)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return atomic_write(path, lambda temporary: figure.savefig(temporary, dpi=120))
-    finally:
-        plt.close(figure)
+    return save_figure(figure, plt, path)

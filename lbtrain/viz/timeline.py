@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lbtrain.outputs import atomic_write
-from lbtrain.viz._deps import pyplot
+from lbtrain.viz._deps import pyplot, save_figure
 from lbtrain.viz.trace import load_trace
 
 __all__ = ["PHASE_COLOURS", "compare_timelines", "render_timeline", "step_window"]
@@ -131,15 +130,6 @@ def _legend(figure: Any, axes: Sequence[Any], top: float = 1.0) -> None:
     )
 
 
-def _save(figure: Any, plt: Any, path: str | os.PathLike[str]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return atomic_write(path, lambda temporary: figure.savefig(temporary, dpi=120))
-    finally:
-        plt.close(figure)
-
-
 def _wait_share(totals: dict[str, float]) -> float:
     busy = sum(totals.values())
     return totals.get("wait", 0.0) / busy if busy > 0 else 0.0
@@ -169,7 +159,7 @@ def render_timeline(
     axis.set_title(f"{title}: {waiting}" if title else waiting)
     _legend(figure, [axis])
     figure.tight_layout(rect=(0, 0, 1, 0.93))
-    return _save(figure, plt, png_path)
+    return save_figure(figure, plt, png_path)
 
 
 def compare_timelines(
@@ -229,4 +219,4 @@ def compare_timelines(
     # Below the title's line when there is one, so the two never overlap.
     _legend(figure, list(axes), top=0.955 if title else 1.0)
     figure.tight_layout(rect=(0, 0, 1, 0.91 if title else 0.95))
-    return _save(figure, plt, png_path)
+    return save_figure(figure, plt, png_path)
