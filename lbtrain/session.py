@@ -7,6 +7,7 @@ them into flag names.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from lbtrain.devices import DeviceAssignment, assign_devices
 from lbtrain.emulation import Slowdown, slowdown_for_rank
 from lbtrain.outputs import writing
 from lbtrain.profiling import ProfileConfig, ReplicaProfile, load_profiles, profile_all
+from lbtrain.profiling.record import describe_model
 from lbtrain.workloads import Workload, get_plugin
 
 __all__ = [
@@ -197,7 +199,7 @@ def profile_workload(
     device = replica.device
     model = workload.build_model().to(device)
     optimizer = (build_optimizer or workload.build_optimizer)(model.parameters())
-    return profile_all(
+    profiles = profile_all(
         comm,
         model,
         optimizer,
@@ -210,6 +212,9 @@ def profile_workload(
         host=replica.assignment.host,
         memory_share=1.0 / replica.assignment.local_size,
     )
+    # What was timed, so that training can refuse these profiles for another model.
+    model_name, shape = describe_model(model), tuple(workload.sample_shape)
+    return [dataclasses.replace(p, model=model_name, sample_shape=shape) for p in profiles]
 
 
 def load_profiles_collective(

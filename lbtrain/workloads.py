@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "lbtrain.workloads"
-DEFAULT_WORKLOAD = "patch-cnn"
+# What `lbtrain train` trains, and so what `profile` and `balance-report` time, by default.
+DEFAULT_WORKLOAD = "hyperspectral"
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

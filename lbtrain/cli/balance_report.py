@@ -24,6 +24,7 @@ from lbtrain.comm import Communicator
 from lbtrain.profiling import save_profiles
 from lbtrain.profiling.sync import comm_cost
 from lbtrain.report import FORMATS, build_report, format_report, plot_report, require_matplotlib
+from lbtrain.workloads import DEFAULT_WORKLOAD
 
 __all__ = ["add_parser", "run"]
 
@@ -39,7 +40,9 @@ or profiles every rank first when no file is given, e.g.
 """
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: argparse._SubParsersAction, workload: str = DEFAULT_WORKLOAD
+) -> argparse.ArgumentParser:
     """Register the `balance-report` verb."""
     parser = subparsers.add_parser(
         "balance-report",
@@ -87,7 +90,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         metavar="FILE",
         help="when profiling now, also write the profiles to this file (default: don't)",
     )
-    add_profiling_arguments(parser)
+    add_profiling_arguments(parser, workload)
     show_defaults(parser)
     parser.set_defaults(run=run)
     return parser

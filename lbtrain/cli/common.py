@@ -20,7 +20,7 @@ from lbtrain.session import (
     setup_replica,
     write_on_root,
 )
-from lbtrain.workloads import DEFAULT_WORKLOAD, available_workloads
+from lbtrain.workloads import DEFAULT_WORKLOAD, WorkloadOption, available_workloads, get_plugin
 
 __all__ = [
     "USER_ERRORS",
@@ -28,9 +28,11 @@ __all__ = [
     "CollectiveError",
     "add_backend_argument",
     "add_profiling_arguments",
+    "add_workload_options",
     "agree",
     "check_plot_path",
     "check_writable",
+    "given_workload_options",
     "load_profiles_collective",
     "positive_float",
     "positive_int",
@@ -160,17 +162,77 @@ def add_backend_argument(group: Any, default: str = "auto") -> None:
     )
 
 
-def add_profiling_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the options that control how each replica is profiled."""
+def add_workload_options(parser: argparse.ArgumentParser, spec: str) -> None:
+    """Add the workload's own options (a plug-in's `WorkloadOption`s) as one group of flags.
+
+    `train`, `profile` and `balance-report` share it, so that a profile times the model and
+    samples that training will use. A flag left out is absent from the parsed namespace
+    (the workload's default, or a --config file's value, then applies).
+    """
+    try:
+        plugin = get_plugin(spec)
+    except ValueError:
+        return  # the run reports the bad --workload with its fix
+    if not plugin.options:
+        return
+    title = f"workload {spec!r}" + (f": {plugin.description}" if plugin.description else "")
+    group = parser.add_argument_group(title)
+    for option in plugin.options:
+        shown = "the workload's choice" if option.default is None else option.default
+        if option.type is bool:
+            shown = "on" if option.default else "off"
+        text = f"{option.help} (default: {shown})"
+        kwargs: dict[str, Any] = {"dest": option.name, "help": text, "default": argparse.SUPPRESS}
+        if option.type is bool:
+            group.add_argument(option.flag, action=argparse.BooleanOptionalAction, **kwargs)
+        else:
+            group.add_argument(
+                option.flag,
+                type=_argparse_type(option),
+                choices=option.choices,
+                metavar=None if option.choices else option.name.upper(),
+                **kwargs,
+            )
+
+
+def given_workload_options(args: argparse.Namespace, spec: str) -> dict[str, Any]:
+    """The workload options given on the command line, by the library's names."""
+    try:
+        plugin = get_plugin(spec)
+    except ValueError:
+        return {}  # building the workload reports it
+    return {o.name: getattr(args, o.name) for o in plugin.options if hasattr(args, o.name)}
+
+
+def _argparse_type(option: WorkloadOption) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            return option.type(text)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(option.type, "__name__", option.name)
+    return convert
+
+
+def add_profiling_arguments(
+    parser: argparse.ArgumentParser, workload: str = DEFAULT_WORKLOAD
+) -> None:
+    """Add the options that control how each replica is profiled, and the workload's own.
+
+    Args:
+        parser: the verb's parser.
+        workload: the --workload the command line names (read ahead), whose options to add.
+    """
     group = parser.add_argument_group("profiling")
     group.add_argument(
         "--workload",
         default=DEFAULT_WORKLOAD,
-        help="what to profile: a registered name "
+        help="what to profile, as `lbtrain train --workload` names it: a registered name "
         f"({', '.join(available_workloads())}), an entry point of group lbtrain.workloads, "
-        "or package.module:function returning an lbtrain.workloads.Workload; patch-cnn is a "
-        "small CNN on 30-band 7x7 patches whose steps take milliseconds, toy an MLP too fast "
-        "to time reliably",
+        "or package.module:function returning an lbtrain.workloads.Workload; the default is "
+        "train's, so that the profile times the model training uses; patch-cnn is a small "
+        "CNN whose steps take milliseconds, toy an MLP too fast to time reliably",
     )
     group.add_argument(
         "--devices",
@@ -241,6 +303,7 @@ def add_profiling_arguments(parser: argparse.ArgumentParser) -> None:
         "find the cap)",
     )
     group.add_argument("--seed", type=int, default=0, help="seed of the synthetic batches")
+    add_workload_options(parser, workload)
 
 
 def _profile_config(args: argparse.Namespace, world_size: int) -> ProfileConfig:
@@ -269,7 +332,8 @@ def run_profiling(args: argparse.Namespace, comm: Communicator) -> list[ReplicaP
     """Profile every rank as the options say and return all profiles; collective."""
     config = agree(comm, lambda: _profile_config(args, comm.size))
     replica = setup_replica(comm, args.devices, args.threads, args.emulate_slowdown)
-    workload = build_workload(comm, args.workload, seed=args.seed)
+    options = given_workload_options(args, args.workload)
+    workload = build_workload(comm, args.workload, seed=args.seed, options=options)
     return profile_workload(comm, replica, workload, config)
 
 

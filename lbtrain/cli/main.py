@@ -12,7 +12,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import IO, TextIO
+from typing import IO, NoReturn, TextIO
 
 import lbtrain
 from lbtrain.cli import balance_report, env, profile, train
@@ -42,9 +42,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"lbtrain {lbtrain.__version__}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    # The verbs that build a workload take its own options as flags: read --workload ahead.
+    workload = train.workload_from_argv(list(argv or []))
     for verb in VERBS:
-        if verb is train:
-            train.add_parser(subparsers, train.workload_from_argv(list(argv or [])))
+        if verb in (train, profile, balance_report):
+            verb.add_parser(subparsers, workload)
         else:
             verb.add_parser(subparsers)
     return parser
@@ -57,19 +59,47 @@ _PARSING = threading.local()
 
 
 class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser (its subcommands too) that prints nothing on a quiet thread."""
+    """An ArgumentParser (its subcommands too) that prints nothing on a quiet thread.
+
+    A usage error is one line naming the flag and what is wrong, then where help is, not
+    argparse's usage block first: `train`'s is 25 lines, which hide the one that matters.
+    """
 
     def _print_message(self, message: str, file: IO[str] | None = None) -> None:
         if not getattr(_PARSING, "quiet", False):
             super()._print_message(message, file)
 
+    def error(self, message: str) -> NoReturn:
+        text = " ".join(message.split())
+        named = re.fullmatch(r"argument (\S+): (.*)", text)
+        if named and named.group(1).split("/")[0] in named.group(2):
+            text = named.group(2)  # the type's message names the flag already
+        self.exit(2, f"{self.prog}: error: {text}\nsee {self.prog} --help\n")
+
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     _PARSING.quiet = launcher_rank() != 0
     try:
-        return parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            # Named by the verb's own parser, so the hint leads to that verb's options.
+            verb = _verb_parser(parser, argv) or parser
+            verb.error(f"unrecognized arguments: {' '.join(extra)}")
+        return args
     finally:
         _PARSING.quiet = False
+
+
+def _verb_parser(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> argparse.ArgumentParser | None:
+    """The subcommand parser `argv` chose: its first word (the top level has no values)."""
+    verb = next((arg for arg in argv if not arg.startswith("-")), None)
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        choices = getattr(action, "choices", None) or {}
+        if verb in choices:
+            return choices[verb]
+    return None
 
 
 def _error(message: object, comm: Communicator | None = None) -> None:

@@ -14,6 +14,7 @@ from lbtrain.cli.common import (
 )
 from lbtrain.comm import Communicator
 from lbtrain.profiling import ReplicaProfile, save_profiles
+from lbtrain.workloads import DEFAULT_WORKLOAD
 
 __all__ = ["add_parser", "format_profiles", "run"]
 
@@ -26,7 +27,9 @@ profiles to one JSON file. Launch it the way training will run, e.g.
 """
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: argparse._SubParsersAction, workload: str = DEFAULT_WORKLOAD
+) -> argparse.ArgumentParser:
     """Register the `profile` verb."""
     parser = subparsers.add_parser(
         "profile",
@@ -40,7 +43,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
         default="profiles.json",
         help="profiles file to write (rank 0 writes it) (default: %(default)s)",
     )
-    add_profiling_arguments(parser)
+    add_profiling_arguments(parser, workload)
     show_defaults(parser)
     parser.set_defaults(run=run)
     return parser

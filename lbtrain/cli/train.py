@@ -17,6 +17,7 @@ from typing import Any
 from lbtrain.balancer import POLICIES
 from lbtrain.cli.common import (
     add_backend_argument,
+    add_workload_options,
     non_negative_int,
     positive_float,
     positive_int,
@@ -35,7 +36,7 @@ from lbtrain.trainer.config import (
     TrainConfig,
     load_toml,
 )
-from lbtrain.workloads import WorkloadOption, WorkloadPlugin, get_plugin
+from lbtrain.workloads import WorkloadPlugin, get_plugin
 
 __all__ = ["add_parser", "run", "workload_from_argv"]
 
@@ -196,7 +197,7 @@ def add_parser(
     _add(evaluation, "tensorboard", "also log the per-epoch metrics to TensorBoard in DIR "
          "(needs the tensorboard package: pip install 'lbtrain[tensorboard]') (default: "
          "none)", metavar="DIR")  # fmt: skip
-    _add_workload_options(parser, workload)
+    add_workload_options(parser, workload)
     parser.set_defaults(run=run)
     return parser
 
@@ -216,46 +217,6 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"{value} must be >= 0")
     return value
-
-
-def _add_workload_options(parser: argparse.ArgumentParser, spec: str) -> None:
-    try:
-        plugin = get_plugin(spec)
-    except ValueError:
-        return  # the run reports the bad --workload with its fix
-    if not plugin.options:
-        return
-    title = f"workload {spec!r}" + (f": {plugin.description}" if plugin.description else "")
-    group = parser.add_argument_group(title)
-    for option in plugin.options:
-        shown = "the workload's choice" if option.default is None else option.default
-        if option.type is bool:
-            shown = "on" if option.default else "off"
-        text = f"{option.help} (default: {shown})"
-        if option.type is bool:
-            group.add_argument(
-                option.flag, dest=option.name, action=argparse.BooleanOptionalAction, help=text
-            )
-        else:
-            group.add_argument(
-                option.flag,
-                dest=option.name,
-                type=_argparse_type(option),
-                choices=option.choices,
-                help=text,
-                metavar=None if option.choices else option.name.upper(),
-            )
-
-
-def _argparse_type(option: WorkloadOption) -> Any:
-    def convert(text: str) -> Any:
-        try:
-            return option.type(text)
-        except (TypeError, ValueError) as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    convert.__name__ = getattr(option.type, "__name__", option.name)
-    return convert
 
 
 def build_config(

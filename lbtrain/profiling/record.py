@@ -21,6 +21,7 @@ __all__ = [
     "FORMAT_VERSION",
     "ProfileFileError",
     "ReplicaProfile",
+    "describe_model",
     "load_profiles",
     "profiles_from_dict",
     "profiles_to_dict",
@@ -70,6 +71,9 @@ class ReplicaProfile:
             job that profiled, the slowest rank's median; None where not measured.
         sync_bytes: gradient bytes reduced per step, or None.
         sync_ranks: ranks that took part in the sync measurement, or None.
+        model: the model profiled, as `describe_model` names it (class and parameter
+            count), or None where not recorded (files from before it was).
+        sample_shape: shape of one input sample, or None where not recorded.
     """
 
     rank: int
@@ -96,10 +100,14 @@ class ReplicaProfile:
     sync_time: float | None = None
     sync_bytes: int | None = None
     sync_ranks: int | None = None
+    model: str | None = None
+    sample_shape: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "batch_sizes", tuple(int(b) for b in self.batch_sizes))
         object.__setattr__(self, "step_times", tuple(float(t) for t in self.step_times))
+        if self.sample_shape is not None:
+            object.__setattr__(self, "sample_shape", tuple(int(d) for d in self.sample_shape))
         if not self.batch_sizes or len(self.batch_sizes) != len(self.step_times):
             raise ValueError(
                 f"rank {self.rank}: batch_sizes {list(self.batch_sizes)} and step_times "
@@ -186,6 +194,8 @@ class ReplicaProfile:
         data["batch_sizes"] = list(self.batch_sizes)
         data["step_times"] = list(self.step_times)
         data["samples_per_second"] = list(self.samples_per_second)
+        if self.sample_shape is not None:
+            data["sample_shape"] = list(self.sample_shape)
         return data
 
     @classmethod
@@ -215,8 +225,26 @@ class ReplicaProfile:
 
 # Fields added after the first profiles files were written; older files lack them.
 _OPTIONAL = frozenset(
-    {"reference_batch", "fit_relative_error", "sync_time", "sync_bytes", "sync_ranks"}
+    {
+        "reference_batch",
+        "fit_relative_error",
+        "sync_time",
+        "sync_bytes",
+        "sync_ranks",
+        "model",
+        "sample_shape",
+    }
 )
+
+
+def describe_model(model: Any) -> str:
+    """A model's identity in a profile: its class and parameter count.
+
+    Two models of one class and size train at the same speed, whatever their weights; a
+    different class, or the same class at another width or input size, does not.
+    """
+    count = sum(p.numel() for p in model.parameters())
+    return f"{type(model).__name__} ({count:,} parameters)"
 
 
 def utc_now() -> str:

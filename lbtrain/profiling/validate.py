@@ -76,6 +76,14 @@ def _batch_sizes(value: Any) -> str | None:
     return None
 
 
+def _shape(value: Any) -> str | None:
+    if not isinstance(value, list) or any(
+        isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in value
+    ):
+        return "must be a list of whole numbers >= 1 (one sample's shape)"
+    return None
+
+
 # Longer than any training step measured (11.6 days); also keeps the fit's sums of squares
 # within floating point (a step time of 1e154 s overflowed them).
 _MAX_STEP_SECONDS = 1e6
@@ -116,6 +124,8 @@ _FIELDS: dict[str, Callable[[Any], str | None]] = {
     "sync_time": _optional(_number(0.0)),
     "sync_bytes": _optional(_whole(0)),
     "sync_ranks": _optional(_whole(1)),
+    "model": _optional(_text),
+    "sample_shape": _optional(_shape),
 }
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import tomli_w
 
 from lbtrain.balancer import POLICIES
+from lbtrain.workloads import DEFAULT_WORKLOAD
 
 __all__ = [
     "LR_SCHEDULES",
@@ -95,7 +96,7 @@ class TrainConfig:
             the re-planner's reasoning and the profiling phases) or "warning".
     """
 
-    workload: str = "hyperspectral"
+    workload: str = DEFAULT_WORKLOAD
     workload_options: dict[str, Any] = field(default_factory=dict)
     epochs: int = 60
     global_batch: int = 64
@@ -184,6 +185,15 @@ class TrainConfig:
         data["workload_options"] = {k: v for k, v in self.workload_options.items() if v is not None}
         return {k: v for k, v in data.items() if v is not None}
 
+    def recipe(self) -> dict[str, Any]:
+        """The settings that make the run from scratch: `to_dict` less where it was written
+        and what it continued (a run folder's summary.json records those), so that a
+        `--config` of a resumed run starts afresh in a new folder instead of resuming."""
+        data = self.to_dict()
+        for name in RUN_ONLY:
+            data.pop(name, None)
+        return data
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> TrainConfig:
         """Build from a mapping; an unknown key is a ValueError naming `source` and the key."""
@@ -211,11 +221,15 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
 
 
+# Settings of one launch, not of the recipe: the output folder and what it continued.
+RUN_ONLY = ("out", "overwrite", "resume")
+
+
 def save_toml(path: str | Path, config: TrainConfig) -> Path:
-    """Write the effective config as TOML (atomically, as every output of a run)."""
+    """Write the run's recipe as TOML (atomically, as every output of a run)."""
     from lbtrain.outputs import atomic_write_bytes
 
-    return atomic_write_bytes(path, tomli_w.dumps(config.to_dict()).encode())
+    return atomic_write_bytes(path, tomli_w.dumps(config.recipe()).encode())
 
 
 def _inside_run(name: str, value: Any, suffix: str) -> None:

@@ -22,6 +22,7 @@ from lbtrain.trainer.callbacks import CheckpointCallback, EvaluateCallback
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.engine import Callback, Engine, StepTimer
 from lbtrain.trainer.outputs_stream import METRICS_FILE, draw_curves, end_record, open_metrics
+from lbtrain.trainer.resume import resumed_from
 from lbtrain.trainer.setup import Setup, build_engine, set_up
 from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.summary import build_summary, format_summary, rank_totals
@@ -143,6 +144,7 @@ def _finish(setup: Setup, engine: Engine, started: float, stream: Any) -> TrainR
         metrics={k: v for k, v in evaluations.evaluations[-1].items() if k != "epoch"},
         wall_seconds=time.perf_counter() - started,
         profile_seconds=setup.profile_seconds,
+        resumed_from=resumed_from(setup.checkpoint),
     )
     stream.write(end_record(time.perf_counter() - started))
     written = setup.on_root(lambda: _write_outputs(setup, plan, metrics, summary, predictions))

@@ -29,6 +29,7 @@ from lbtrain.profiling import (
     outside_measured,
     retime_profiles,
 )
+from lbtrain.profiling.record import describe_model
 from lbtrain.session import (
     Replica,
     agree,
@@ -65,7 +66,7 @@ def make_plan(
         return plan, None
     if config.profiles:
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
-        agree(comm, lambda: _check_profiled(profiles, workload.name, config.profiles))
+        agree(comm, lambda: _check_profiled(profiles, workload, config.profiles))
     else:
         started = time.perf_counter()
         profiles = _profile(comm, config, replica, workload, make_optimizer)
@@ -277,12 +278,30 @@ def plan_notes(plan: BalancePlan) -> list[str]:
     return [note for note in notes if note]
 
 
-def _check_profiled(profiles: list[ReplicaProfile], name: str, path: str) -> None:
-    """Refuse profiles of another workload: their speeds say nothing about this model's."""
+def _check_profiled(profiles: list[ReplicaProfile], workload: Workload, path: str) -> None:
+    """Refuse profiles of another workload, model or sample shape: their speeds say nothing
+    about this one's. Files from before profiles named the model are checked by name alone.
+    """
+    name = workload.name
     other = sorted({p.workload for p in profiles if p.workload != name})
     if other:
         raise ValueError(
             f"profiles {path!r} were measured on workload {', '.join(map(repr, other))}, but "
-            f"this run trains {name!r}; drop profiles to profile it now, or pass a file from "
-            f"`lbtrain profile --workload {name}`"
+            f"this run trains {name!r}; leave the profiles file out to profile it now, or pass "
+            f"one from `lbtrain profile --workload {name}`"
         )
+    with torch.random.fork_rng(devices=[]):  # the run's own initialisation stays as it was
+        model = describe_model(workload.build_model())
+    shape = tuple(workload.sample_shape)
+    for p in profiles:
+        if (p.model or model) != model or (p.sample_shape or shape) != shape:
+            raise ValueError(
+                f"profiles {path!r} were measured on {p.model} with samples "
+                f"{_shape(p.sample_shape)}, but this run trains {model} with samples "
+                f"{_shape(shape)}; leave the profiles file out to profile it now, or pass one from "
+                "`lbtrain profile` given this run's workload options"
+            )
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "of unrecorded shape" if shape is None else "x".join(map(str, shape))

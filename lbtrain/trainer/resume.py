@@ -13,7 +13,7 @@ from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.state import FORMAT
 from lbtrain.workloads import Workload
 
-__all__ = ["check_trainable", "read_checkpoint"]
+__all__ = ["check_trainable", "read_checkpoint", "resumed_from"]
 
 
 def read_checkpoint(resume: str | None) -> dict[str, Any] | None:
@@ -30,6 +30,18 @@ def read_checkpoint(resume: str | None) -> dict[str, Any] | None:
         )
     state["path"] = str(path)
     return state
+
+
+def resumed_from(checkpoint: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A resumed run's provenance for summary.json: the checkpoint and where it stood."""
+    if checkpoint is None:
+        return None
+    return {
+        "checkpoint": checkpoint["path"],
+        "epoch": int(checkpoint["epoch"]),
+        "step": int(checkpoint["step"]),
+        "global_step": int(checkpoint["global_step"]),
+    }
 
 
 def check_trainable(

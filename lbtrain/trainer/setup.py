@@ -40,7 +40,7 @@ from lbtrain.trainer.callbacks import (
 )
 from lbtrain.trainer.checkpoint import CHECKPOINT_DIR, save_checkpoint
 from lbtrain.trainer.config import TrainConfig, save_toml
-from lbtrain.trainer.engine import Callback, Engine, StepTimer
+from lbtrain.trainer.engine import Callback, Engine, RunState, StepTimer
 from lbtrain.trainer.observers import TensorBoardCallback, TraceCallback
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
 from lbtrain.trainer.planning import make_plan, plan_notes
@@ -248,12 +248,28 @@ def build_engine(
     engine.add_callbacks([*_callbacks(setup, engine), *extra])
     if setup.checkpoint is not None:
         restore(setup.checkpoint, engine, same_plan=same_plan(setup.checkpoint, setup.plan))
-        setup.say(
-            f"resumed from {setup.checkpoint['path']} at epoch {engine.state.epoch + 1}, "
-            f"step {engine.state.step}"
-        )
-    setup.say(f"training {config.epochs} epochs of {steps} steps on {comm.size} rank(s)")
+        setup.say(_resume_line(setup.checkpoint["path"], engine.state, config.epochs, steps))
+    else:
+        setup.say(f"training {config.epochs} epochs of {steps} steps on {comm.size} rank(s)")
     return engine
+
+
+def _resume_line(path: str, state: RunState, epochs: int, steps: int) -> str:
+    """Where a resumed run continues and what is left, in one line."""
+    left = epochs - state.epoch
+    if left <= 0:
+        return (
+            f"resumed from {path}: all {epochs} epochs are done (global step "
+            f"{state.global_step}); evaluating only"
+        )
+    where = f"epoch {state.epoch + 1} of {epochs}"
+    if state.step:
+        where += f" at its step {state.step + 1} of {steps}"
+    plural = "epoch" if left == 1 else "epochs"
+    return (
+        f"resumed from {path}: continuing at {where}, global step {state.global_step}; "
+        f"{left} {plural} left"
+    )
 
 
 def _callbacks(setup: Setup, engine: Engine) -> list[Callback]:

@@ -72,11 +72,13 @@ def build_summary(
     metrics: Mapping[str, Any] | None,
     wall_seconds: float,
     profile_seconds: float,
+    resumed_from: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready summary.json of a run: totals, not the epochs (metrics.jsonl has them).
 
     `totals` are this rank's (rank 0's) running sums: loss, samples and steps are the job's;
-    `ranks_totals` are every rank's time split, from `rank_totals`.
+    `ranks_totals` are every rank's time split, from `rank_totals`. `resumed_from` is the
+    run's provenance (the checkpoint it continued, and where), None for a fresh run.
     """
     ranks = _rank_rows(plan, devices, ranks_totals)
     seconds, steps = totals.seconds, totals.steps
@@ -87,6 +89,7 @@ def build_summary(
             "python": sys.version.split()[0],
             "platform": platform.platform(),
         },
+        "resumed_from": dict(resumed_from) if resumed_from else None,
         "world_size": plan.world_size,
         "policy": plan.policy,
         "global_batch": plan.global_batch_size,
