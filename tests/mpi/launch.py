@@ -14,6 +14,7 @@ __all__ = [
     "kill_job",
     "lbtrain_command",
     "mpiexec_path",
+    "run_lbtrain_mpi",
     "run_mpi",
     "run_torchrun",
     "torchrun_command",
@@ -66,6 +67,14 @@ def run_mpi(
     target = ["-m", str(script)] if module else [str(script)]
     command = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "mpi4py", *target, *args]
     return _run(command, timeout, env)
+
+
+def run_lbtrain_mpi(
+    ranks: int, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`mpiexec -n ranks lbtrain args...` with the console script, exactly as a user types it
+    (no `python -m mpi4py` wrapper, whose own abort message would add a line)."""
+    return _run([mpiexec_path(), "-n", str(ranks), *lbtrain_command(), *args], timeout, env)
 
 
 def run_torchrun(

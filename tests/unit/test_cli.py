@@ -55,7 +55,7 @@ def test_balance_report_help_names_defaults(capsys):
         "(default: 1024)",
         "(default: all)",
         "(default: table)",
-        "(default: patch-cnn)",
+        "(default: hyperspectral)",
         "(default: auto)",
         "(default: 10.0)",
         "(default: find the cap)",
