@@ -1,9 +1,16 @@
-"""Whole-scene prediction and the classification map picture."""
+"""Whole-scene prediction and the classification map picture.
+
+The picture has five panels and one legend: a false-colour composite (its bands named),
+the ground truth, the prediction on the labelled pixels, where it is wrong on the test
+pixels, and the prediction of every pixel.
+"""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +22,7 @@ __all__ = [
     "MissingDependencyError",
     "predict_scene",
     "class_colours",
+    "error_codes",
     "rgb_composite",
     "require_matplotlib",
     "save_map",
@@ -34,9 +42,10 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError as exc:
         raise MissingDependencyError(
-            "drawing the classification map needs matplotlib: `pip install matplotlib` "
-            "(or `pip install lbtrain[plot]`), or pass --no-map"
-        ) from exc
+            f"the classification map (--map, on by default) needs matplotlib, which cannot be "
+            f"imported ({exc}); install it with `pip install 'lbtrain[hyperspectral]'`, "
+            "or pass --no-map"
+        ) from None
 
 
 @torch.inference_mode()
@@ -77,15 +86,32 @@ def predict_scene(
     return pred.reshape(h, w)
 
 
-def class_colours(num_classes: int) -> np.ndarray:
-    """(K + 1, 3) RGB colours in [0, 1]; row 0 (unlabelled) is black."""
-    hues = np.linspace(0, 1, num_classes, endpoint=False)
-    # Alternate lightness so neighbouring hues stay distinguishable with many classes.
-    light = np.where(np.arange(num_classes) % 2 == 0, 0.55, 0.4)
-    import colorsys
+# tab20's indices: its ten strong colours (tab10), then the six pale ones that stay furthest
+# from every other colour (pale blue, orange, green, red, pink, olive), then the pale purple,
+# brown, grey and cyan, which sit closer to those. So 16 classes (Indian Pines, Salinas) stay
+# >= 25 CIELAB units apart, where tab20's own order pairs each colour with its pale twin.
+_TAB20_ORDER = (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 1, 3, 5, 7, 13, 17, 9, 11, 15, 19)
 
-    colours = [colorsys.hls_to_rgb(h, lt, 0.85) for h, lt in zip(hues, light, strict=True)]
-    return np.vstack([[0.0, 0.0, 0.0], np.asarray(colours)])
+BACKGROUND = (0.0, 0.0, 0.0)  # unlabelled pixels: black, darker than every class colour
+
+# The error panel's four kinds of pixel, coded 0..3 by error_codes.
+_ERROR_KEY = (
+    ("unlabelled", BACKGROUND),
+    ("labelled, not a test pixel", (0.45, 0.45, 0.45)),
+    ("test pixel, right", (0.92, 0.92, 0.92)),
+    ("test pixel, wrong", (0.90, 0.0, 0.0)),
+)
+
+
+def class_colours(num_classes: int) -> np.ndarray:
+    """(K + 1, 3) RGB colours in [0, 1]: row 0 (unlabelled) black, then tab20 reordered.
+
+    Neighbouring class indices get different hues; beyond 20 classes the colours repeat.
+    """
+    from matplotlib import colormaps
+
+    tab20 = np.asarray(colormaps["tab20"].colors)[list(_TAB20_ORDER)]
+    return np.vstack([BACKGROUND, np.resize(tab20, (num_classes, 3))])
 
 
 def rgb_composite(cube: np.ndarray, bands: Sequence[int]) -> np.ndarray:
@@ -95,24 +121,54 @@ def rgb_composite(cube: np.ndarray, bands: Sequence[int]) -> np.ndarray:
     return np.clip((rgb - lo) / np.maximum(hi - lo, 1e-12), 0, 1)
 
 
+def error_codes(gt: np.ndarray, prediction: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """(H, W) codes for the error panel: 0 unlabelled, 1 not tested, 2 right, 3 wrong.
+
+    Args:
+        gt: (H, W) ground truth, 0 = unlabelled, 1..K classes.
+        prediction: (H, W) predicted classes 0..K-1.
+        test: (H, W) bool, the test pixels (all labelled).
+    """
+    codes = np.where(gt > 0, 1, 0)
+    codes[test] = np.where(prediction[test] + 1 == gt[test], 2, 3)
+    return codes
+
+
+def _layout(shape: tuple[int, int]) -> tuple[int, int, tuple[float, float]]:
+    """Rows, columns and figure size (inches) for five panels and the legend."""
+    h, w = shape
+    if h > 1.5 * w:  # tall scenes (Pavia University, Botswana): one row
+        return 1, 6, (20.0, min(12.0, 1.0 + 3.2 * h / w))
+    return 2, 3, (13.5, 1.2 + 9.0 * h / w)
+
+
+def _band_title(bands: Sequence[int]) -> str:
+    r, g, b = (int(x) for x in bands)
+    return f"false colour: bands {r}, {g}, {b} (0-based) as R, G, B"
+
+
 def save_map(
     path: str | Path,
-    cube: np.ndarray,
+    rgb: np.ndarray,
     gt: np.ndarray,
     prediction: np.ndarray,
     class_names: Sequence[str],
-    rgb_bands: Sequence[int],
+    *,
+    bands: Sequence[int],
+    test: np.ndarray | None = None,
     title: str = "",
 ) -> Path:
-    """Write a PNG: RGB composite, ground truth and prediction side by side, with a legend.
+    """Write the map PNG: composite, ground truth, prediction (labelled, all), errors, legend.
 
     Args:
         path: output file.
-        cube: (H, W, B) original cube (for the RGB composite).
+        rgb: (H, W, 3) raw values of the three bands shown as R, G, B.
         gt: (H, W) ground truth, 0 = unlabelled.
         prediction: (H, W) predicted classes 0..K-1 for every pixel.
         class_names: names of classes 1..K.
-        rgb_bands: three band indices.
+        bands: the scene's (0-based) indices of ``rgb``'s bands, named in the panel title.
+        test: (H, W) bool, the test pixels whose errors are counted; default every labelled
+            pixel (then training pixels count too).
         title: figure title.
 
     Raises:
@@ -120,35 +176,82 @@ def save_map(
     """
     require_matplotlib()
     # The object API renders with Agg without touching pyplot's global backend or figures.
-    from matplotlib.colors import ListedColormap
     from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
 
-    k = len(class_names)
-    colours = class_colours(k)
-    cmap = ListedColormap(colours)
-    fig = Figure(figsize=(15, 5.6), layout="constrained")
-    axes = fig.subplots(1, 3)
-    panels = [
-        (rgb_composite(cube, rgb_bands), "RGB composite"),
-        (gt, "ground truth"),
-        (prediction + 1, "prediction (all pixels)"),
-    ]
-    for ax, (img, name) in zip(axes, panels, strict=True):
-        if img.ndim == 3:
-            ax.imshow(img, interpolation="nearest")
-        else:
-            ax.imshow(img, cmap=cmap, vmin=0, vmax=k, interpolation="nearest")
-        ax.set_title(name)
+    colours = class_colours(len(class_names))
+    rows, cols, size = _layout(gt.shape)
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(rows, cols).ravel()
+    # About 12 characters of an 11-point title per inch of panel: longer ones wrap.
+    width = int(12 * size[0] / cols)
+    panels = _panels(rgb, gt, prediction, colours, bands, test)
+    for ax, (img, name) in zip(axes[:5], panels, strict=True):
+        ax.imshow(img, interpolation="nearest")
+        ax.set_title(textwrap.fill(name, width), fontsize=11)
         ax.set_axis_off()
-    handles = [Patch(color=colours[0], label="0 unlabelled")]
-    handles += [
-        Patch(color=colours[i + 1], label=f"{i + 1} {n}") for i, n in enumerate(class_names)
-    ]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(k + 1, 5), fontsize=8)
+    _legends(axes[3], axes[5], colours, class_names, ncol=2 if cols == 3 else 1)
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, fontsize=13)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    # "tight": the key under the error panel may reach below the grid the layout planned.
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     return path
+
+
+def _panels(
+    rgb: np.ndarray,
+    gt: np.ndarray,
+    prediction: np.ndarray,
+    colours: np.ndarray,
+    bands: Sequence[int],
+    test: np.ndarray | None,
+) -> list[tuple[np.ndarray, str]]:
+    """The five (H, W, 3) images and their titles, in reading order."""
+    labelled = gt > 0
+    scored = labelled if test is None else test & labelled
+    codes = error_codes(gt, prediction, scored)
+    wrong, total = int((codes == 3).sum()), int(scored.sum())
+    which = "labelled" if test is None else "test"
+    share = 100 * wrong / max(total, 1)
+    return [
+        (rgb_composite(rgb, (0, 1, 2)), _band_title(bands)),
+        (colours[gt], f"ground truth ({labelled.sum():,} labelled pixels)"),
+        (colours[np.where(labelled, prediction + 1, 0)], "prediction on the labelled pixels"),
+        (
+            np.asarray([c for _, c in _ERROR_KEY])[codes],
+            f"errors: {wrong:,} of {total:,} {which} pixels ({share:.1f}%)",
+        ),
+        (colours[prediction + 1], "prediction of every pixel"),
+    ]
+
+
+def _legends(
+    errors_ax: Any, legend_ax: Any, colours: np.ndarray, names: Sequence[str], ncol: int
+) -> None:
+    """The error panel's key under it, and the class legend in the last grid cell."""
+    from matplotlib.patches import Patch
+
+    def patch(colour: Any, label: str) -> Patch:
+        # A grey edge keeps the black swatch visible on the white figure.
+        return Patch(facecolor=colour, edgecolor="0.5", label=label)
+
+    errors_ax.legend(
+        handles=[patch(c, n) for n, c in _ERROR_KEY],
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=ncol,
+        fontsize=9,
+        frameon=False,
+    )
+    legend_ax.set_axis_off()
+    handles = [patch(colours[0], "0 unlabelled")]
+    handles += [patch(colours[i], f"{i} {n}") for i, n in enumerate(names, start=1)]
+    legend_ax.legend(
+        handles=handles,
+        loc="center",
+        fontsize=10,
+        frameon=False,
+        title="classes",
+        ncol=1 if len(handles) <= 21 else 2,
+    )

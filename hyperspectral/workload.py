@@ -310,10 +310,14 @@ def _digest(split: Split) -> str:
 def _artifacts_hook(
     scene: Scene, split: Split, draw_map: bool
 ) -> Callable[[ArtifactContext], list[Path]]:
-    """The rank-0 hook; it keeps three bands for the RGB panel, not the whole raw cube."""
+    """The rank-0 hook; it keeps three bands for the false-colour panel, not the raw cube."""
     name, shape = scene.name, scene.shape
-    gt, class_names = scene.gt, scene.class_names
-    rgb = np.ascontiguousarray(scene.cube[..., list(scene.rgb_bands)]) if draw_map else None
+    gt, class_names, bands = scene.gt, scene.class_names, scene.rgb_bands
+    rgb = np.ascontiguousarray(scene.cube[..., list(bands)]) if draw_map else None
+    # Errors are counted on the split's test pixels only: training pixels are not errors.
+    test = np.zeros(shape[0] * shape[1], dtype=bool)
+    test[split.test] = True
+    test = test.reshape(shape)
 
     def artifacts(ctx: ArtifactContext) -> list[Path]:
         out = Path(ctx.out_dir)
@@ -341,7 +345,14 @@ def _artifacts_hook(
                 atomic_write(
                     out / "map.png",
                     lambda p: save_map(
-                        p, rgb, gt, predicted.reshape(shape), class_names, (0, 1, 2), title
+                        p,
+                        rgb,
+                        gt,
+                        predicted.reshape(shape),
+                        class_names,
+                        bands=bands,
+                        test=test,
+                        title=title,
                     ),
                 )
             )

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from hyperspectral.maps import class_colours, predict_scene, save_map
+from hyperspectral.maps import (
+    MissingDependencyError,
+    _panels,
+    class_colours,
+    error_codes,
+    predict_scene,
+    require_matplotlib,
+    save_map,
+)
 from hyperspectral.metrics import (
     confusion_matrix,
     format_table,
@@ -103,25 +112,90 @@ def test_predict_scene_memory_is_bounded_by_the_batch():
         predict_scene(model, pad_cube(cube, 3), (30, 31), 3, batch_size=0)
 
 
-def test_class_colours_are_distinct_with_black_for_unlabelled():
+def _cielab(rgb: np.ndarray) -> np.ndarray:
+    """sRGB in [0, 1] to CIELAB (D65), where distance ~ perceived difference."""
+    lin = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = (
+        lin
+        @ np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]).T
+    )
+    t = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(t > (6 / 29) ** 3, np.cbrt(t), t / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.stack([116 * f[:, 1] - 16, 500 * (f[:, 0] - f[:, 1]), 200 * (f[:, 1] - f[:, 2])], 1)
+
+
+def test_cielab_matches_published_values():
+    lab = _cielab(np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]))
+    np.testing.assert_allclose(lab, [[53.24, 80.09, 67.20], [100, 0, 0]], atol=0.05)
+
+
+def test_sixteen_class_colours_are_far_apart_and_far_from_the_background():
+    pytest.importorskip("matplotlib")
     colours = class_colours(16)
     assert colours.shape == (17, 3) and colours[0].tolist() == [0, 0, 0]
-    assert len({tuple(np.round(c, 3)) for c in colours}) == 17
     assert colours.min() >= 0 and colours.max() <= 1
+    lab = _cielab(colours)
+    gaps = np.linalg.norm(lab[:, None] - lab[None], axis=-1)[1:, 1:]
+    closest = gaps[~np.eye(16, dtype=bool)].min()
+    # 25 CIELAB units tell two map regions apart at a glance (2.3 is the bare minimum). The
+    # old palette of hues 22.5 degrees apart had 19.9 (Grass-trees vs Grass-pasture-mowed);
+    # tab20 reordered strong-then-pale has 16.6 (pale blue vs pale purple).
+    assert closest >= 25, closest
+    assert np.linalg.norm(lab[1:] - lab[0], axis=1).min() >= 40  # unlabelled stands out
 
 
-def test_map_png_is_written(tmp_path):
+def test_error_codes_count_only_test_pixels():
+    gt = np.array([[0, 1, 1], [2, 2, 2]])
+    pred = np.array([[1, 1, 0], [1, 0, 1]])  # 0-based: wrong at (0,1) and (1,1)
+    test = np.array([[False, False, True], [True, True, False]])
+    codes = error_codes(gt, pred, test)
+    # (0,1) is wrong but a training pixel: "not tested", not an error.
+    np.testing.assert_array_equal(codes, [[0, 1, 2], [2, 3, 1]])
+
+
+def test_map_panels_say_how_many_test_pixels_are_wrong():
+    pytest.importorskip("matplotlib")
+    gt = np.array([[0, 1, 1], [2, 2, 2]])
+    pred = np.array([[1, 1, 0], [1, 0, 1]])
+    test = np.array([[False, False, True], [True, True, False]])
+    colours = class_colours(2)
+    panels = _panels(np.ones((2, 3, 3)), gt, pred, colours, (43, 21, 11), test)
+    titles = [t for _, t in panels]
+    assert "bands 43, 21, 11" in titles[0] and "as R, G, B" in titles[0]
+    assert titles[3] == "errors: 1 of 3 test pixels (33.3%)"
+    masked, everything = panels[2][0], panels[4][0]
+    np.testing.assert_array_equal(masked[0, 0], colours[0])  # unlabelled stays background
+    np.testing.assert_array_equal(masked[1, 1], colours[1])  # predicted class 0 -> colour 1
+    np.testing.assert_array_equal(everything[0, 0], colours[2])
+    # Without a test mask every labelled pixel is scored, and the title says so.
+    assert _panels(np.ones((2, 3, 3)), gt, pred, colours, (0, 1, 2), None)[3][1] == (
+        "errors: 2 of 5 labelled pixels (40.0%)"
+    )
+
+
+@pytest.mark.parametrize("shape", [(12, 10), (40, 10)])  # the grid and the one-row layout
+def test_map_png_is_written(tmp_path, shape):
     pytest.importorskip("matplotlib")
     rng = np.random.default_rng(0)
-    gt = rng.integers(0, 4, (12, 10))
+    gt = rng.integers(0, 4, shape)
     path = save_map(
         tmp_path / "m" / "map.png",
-        rng.random((12, 10, 5)),
+        rng.random((*shape, 3)),
         gt,
-        rng.integers(0, 3, (12, 10)),
+        rng.integers(0, 3, shape),
         ["a", "b", "c"],
-        (0, 1, 2),
-        "t",
+        bands=(4, 2, 0),
+        test=rng.random(shape) < 0.5,
+        title="t",
     )
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_without_matplotlib_the_map_names_the_extra_and_the_way_out(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(MissingDependencyError) as info:
+        require_matplotlib()
+    message = str(info.value)
+    assert "\n" not in message and "--map" in message
+    assert "pip install 'lbtrain[hyperspectral]'" in message and "--no-map" in message

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -281,3 +283,40 @@ def test_dataloader_with_getitems_and_keep_batch_equals_batch():
         assert x.shape == (len(positions), 3, 3, 3)
     x, y = data.__getitems__([])
     assert x.shape == (0, 3, 3, 3) and y.shape == (0,)
+
+
+def test_the_map_counts_errors_on_the_splits_test_pixels_and_names_the_bands(monkeypatch, tmp_path):
+    seen = {}
+
+    def record(path, rgb, gt, prediction, class_names, **kwargs):
+        seen.update(kwargs, rgb=rgb)
+        path.write_bytes(b"png")
+        return path
+
+    monkeypatch.setattr(hs_workload, "save_map", record)
+    work = _build(map=True)
+    scene = get_scene("synthetic")
+    metrics = metrics_from_confusion(np.eye(4, dtype=np.int64) * 2)
+    work.artifacts(ArtifactContext(tmp_path, metrics, np.zeros(48 * 48, np.int64)))
+    # The test pixels are the evaluation's, never the training pixels.
+    assert np.array_equal(np.flatnonzero(seen["test"]), np.sort(work.eval_set.indices.numpy()))
+    assert not seen["test"].ravel()[work.train_set.indices.numpy()].any()
+    assert seen["bands"] == scene.rgb_bands
+    np.testing.assert_array_equal(seen["rgb"], scene.cube[..., list(scene.rgb_bands)])
+
+
+def test_map_without_matplotlib_is_one_line_before_training(monkeypatch, capsys, tmp_path):
+    from lbtrain import SingleProcessCommunicator
+    from lbtrain.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    out = tmp_path / "run"
+    argv = ["train", "--dataset", "synthetic", "--model", "hamida", "--epochs", "1"]
+    code = main([*argv, "--threads", "1", "--out", str(out)], comm=SingleProcessCommunicator())
+    stdout, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("lbtrain: error: "), err
+    assert "pip install 'lbtrain[hyperspectral]'" in lines[0] and "--no-map" in lines[0]
+    # Stopped while setting up: nothing profiled, trained or written.
+    assert not any(out.rglob("*.pt")) and not (out / "profiles.json").exists()
+    assert not (out / "metrics.json").exists()
