@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from lbtrain.report.model import BalanceReport, rank_rows
+from lbtrain.text import markdown_table, text_table
 
 __all__ = ["FORMATS", "format_report"]
 
@@ -32,7 +33,7 @@ def format_report(report: BalanceReport, fmt: str = "table") -> str:
     if fmt not in FORMATS:
         raise ValueError(f"fmt={fmt!r} is unknown; choose one of {', '.join(FORMATS)}")
     markdown = fmt == "markdown"
-    render = _markdown_table if markdown else _text_table
+    render = markdown_table if markdown else text_table
     p = len(report.profiles)
     ideal = report.ideal
     if report.comm is None:
@@ -101,24 +102,3 @@ def format_report(report: BalanceReport, fmt: str = "table") -> str:
 
 def _ms(seconds: float) -> str:
     return f"{1e3 * seconds:.3f}"
-
-
-def _text_table(header: list[str], rows: list[list[str]], left: int = 3) -> str:
-    """Aligned columns: the first `left` flush left (names), the rest flush right (figures)."""
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
-
-    def line(cells: list[str]) -> str:
-        padded = [
-            cell.ljust(width) if index < left else cell.rjust(width)
-            for index, (cell, width) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "  ".join(padded).rstrip()
-
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
-
-
-def _markdown_table(header: list[str], rows: list[list[str]], left: int = 3) -> str:
-    del left  # markdown renderers align the cells themselves
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)

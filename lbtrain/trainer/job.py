@@ -21,7 +21,7 @@ from lbtrain.outputs import atomic_write_text
 from lbtrain.trainer.callbacks import CheckpointCallback, EvaluateCallback
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.engine import Callback, Engine, StepTimer
-from lbtrain.trainer.outputs_stream import METRICS_FILE, draw_curves, end_record, open_metrics
+from lbtrain.trainer.outputs_stream import draw_curves, end_record, open_metrics
 from lbtrain.trainer.resume import resumed_from
 from lbtrain.trainer.setup import Setup, build_engine, set_up
 from lbtrain.trainer.signals import StopSignal
@@ -147,28 +147,23 @@ def _finish(setup: Setup, engine: Engine, started: float, stream: Any) -> TrainR
         resumed_from=resumed_from(setup.checkpoint),
     )
     stream.write(end_record(time.perf_counter() - started))
-    written = setup.on_root(lambda: _write_outputs(setup, plan, metrics, summary, predictions))
+    setup.on_root(lambda: _write_outputs(setup, plan, metrics, summary, predictions))
     saver = engine.callback(CheckpointCallback)
     final = saver.path if isinstance(saver, CheckpointCallback) else None
     if comm.rank == 0:
-        shown = [str(p) for p in written] + [str(final), str(setup.out / "config.toml")]
-        print(format_summary(summary, evaluator.headline, shown), flush=True)
+        print(format_summary(summary, evaluator.headline, setup.out), flush=True)
     comm.barrier()
     return TrainResult(setup.out, metrics, summary, 0, final)
 
 
 def _write_outputs(
     setup: Setup, plan: Any, metrics: dict[str, Any], summary: dict[str, Any], predictions: Any
-) -> list[Path]:
+) -> None:
     out, workload = setup.out, setup.workload
     atomic_write_text(out / "plan.json", plan.to_json() + "\n")  # the plan in force now
-    written = [out / "metrics.json", out / "summary.json", out / METRICS_FILE]
-    atomic_write_text(written[0], json.dumps(metrics, indent=2) + "\n")
-    atomic_write_text(written[1], json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     title = f"{workload.name}, {setup.comm.size} rank(s), policy {plan.policy}"
-    written += draw_curves(out, title)
-    if setup.config.trace:
-        written.append(out / setup.config.trace)
+    draw_curves(out, title)
     if workload.artifacts is not None:
-        written += workload.artifacts(ArtifactContext(out, metrics, predictions, title))
-    return written
+        workload.artifacts(ArtifactContext(out, metrics, predictions, title))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import shlex
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
@@ -13,6 +15,7 @@ import torch
 import lbtrain
 from lbtrain.balancer import BalancePlan
 from lbtrain.comm import Communicator
+from lbtrain.text import device_label, format_metric
 from lbtrain.trainer.records import Totals
 
 __all__ = [
@@ -144,16 +147,10 @@ def _rank_rows(
     return ranks
 
 
-def device_label(entry: Mapping[str, Any]) -> str:
-    """A rank's device as the run shows it: "cpu", or "cpu x4" under an emulated slowdown."""
-    slowdown = entry.get("slowdown", 1)
-    return str(entry.get("device")) + (f" x{slowdown:g}" if slowdown != 1 else "")
-
-
 def format_summary(
-    summary: Mapping[str, Any], headline: Sequence[str], outputs: Sequence[str]
+    summary: Mapping[str, Any], headline: Sequence[str], folder: str | os.PathLike[str] | None
 ) -> str:
-    """The end-of-run text rank 0 prints."""
+    """The end-of-run text rank 0 prints; it ends with the run `folder` and how to look at it."""
     lines = ["", "run summary"]
     throughput = summary["samples_per_second"]
     lines.append(
@@ -187,20 +184,9 @@ def format_summary(
     shown = [f"{name} {format_metric(name, metrics[name])}" for name in headline if name in metrics]
     if shown:
         lines += ["", "  " + "   ".join(shown)]
-    if outputs:
-        lines += ["", "  outputs: " + ", ".join(outputs)]
+    if folder is not None:
+        # The folder and the verb that reads it, not a list of its files: `lbtrain show`
+        # lists them, with what is in them.
+        shown = shlex.quote(os.fspath(folder))
+        lines += ["", f"  run folder: {shown}  (see: lbtrain show {shown})"]
     return "\n".join(lines)
-
-
-def format_metric(name: str, value: Any) -> str:
-    """One headline metric as lbtrain prints it everywhere: `kappa 0.3042`, `oa 95.29 %`.
-
-    Kappa is a coefficient in [-1, 1], shown as it is with 4 decimals, never x 100; other
-    fractions in [0, 1] (accuracies) read best as percentages; anything else as it is.
-    """
-    real = isinstance(value, int | float) and not isinstance(value, bool)
-    if "kappa" in name.lower() and real:
-        return f"{float(value):.4f}"
-    if isinstance(value, float) and 0.0 <= value <= 1.0:
-        return f"{100 * value:.2f} %"
-    return str(value)

@@ -66,6 +66,9 @@ def test_kappa_reads_as_a_coefficient_and_accuracies_as_percentages():
         plan=plan, devices=devices, totals=Totals(), ranks_totals=totals, evaluations=[],
         metrics=metrics, wall_seconds=2.0, profile_seconds=0.5,
     )  # fmt: skip
-    text = format_summary(summary, ("oa", "aa", "kappa"), [])
+    text = format_summary(summary, ("oa", "aa", "kappa"), None)
     assert "  oa 95.29 %   aa 87.75 %   kappa 0.9463" in text.splitlines()
-    assert "x 100" not in text and "94.63" not in text
+    assert "x 100" not in text and "94.63" not in text and "run folder" not in text
+    # The run's last line: its folder, quoted where a shell would split it, and the verb.
+    text = format_summary(summary, ("oa",), "runs/my run")
+    assert text.splitlines()[-1] == "  run folder: 'runs/my run'  (see: lbtrain show 'runs/my run')"

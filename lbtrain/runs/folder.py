@@ -1,0 +1,263 @@
+"""Reading one run folder back: the recipe, the plan, the epochs, the summary, the files.
+
+A run folder is what `lbtrain train` writes (lbtrain/trainer/run_folder.py): config.toml
+and plan.json when training starts, one metrics.jsonl line per epoch as it goes, and
+summary.json once it finished. A folder with metrics.jsonl but no summary.json is a run
+that did not finish (stopped, killed, or still running): it loads, with what there is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lbtrain.text import device_label
+from lbtrain.viz.records import epoch_records, eval_records, read_metrics
+
+__all__ = ["RUN_MARKERS", "Run", "load_run"]
+
+# Files whose presence makes a folder a run folder (any one of them).
+RUN_MARKERS = ("summary.json", "config.toml", "metrics.jsonl")
+
+
+@dataclass(frozen=True)
+class Run:
+    """What one run folder holds, read back.
+
+    Attributes:
+        folder: the folder, as given.
+        recipe: config.toml (the run's settings), or None where it is missing.
+        plan: plan.json (the plan in force at the end, or at the start for a run that did
+            not finish), or None.
+        epochs: metrics.jsonl's epoch records, one per epoch (a resumed epoch's later one).
+        evaluations: its eval records, one per evaluated epoch.
+        start: its last start record (devices, policy, planned epochs), or None.
+        stop: its stop record (a run stopped by a signal), or None.
+        ended: whether metrics.jsonl holds the run's end record.
+        summary: summary.json, or None for a run that did not finish.
+        files: every file in the folder, as a path relative to it -> size in bytes.
+    """
+
+    folder: Path
+    recipe: dict[str, Any] | None
+    plan: dict[str, Any] | None
+    epochs: list[dict[str, Any]]
+    evaluations: list[dict[str, Any]]
+    start: dict[str, Any] | None
+    stop: dict[str, Any] | None
+    ended: bool
+    summary: dict[str, Any] | None
+    files: dict[str, int]
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run finished: its summary.json was written."""
+        return self.summary is not None
+
+    @property
+    def name(self) -> str:
+        """The folder's own name, as a column of a comparison shows it."""
+        return self.folder.name or str(self.folder)
+
+    @property
+    def planned_epochs(self) -> int | None:
+        """The epochs the run was set to train, or None where no file says."""
+        for source in (self.start, self.recipe):
+            if source and isinstance(source.get("epochs"), int):
+                return int(source["epochs"])
+        return None
+
+    @property
+    def world_size(self) -> int | None:
+        """How many ranks the run had, or None where no file says."""
+        for source in (self.summary, self.start):
+            if source and isinstance(source.get("world_size"), int):
+                return int(source["world_size"])
+        if self.plan and isinstance(self.plan.get("batch_sizes"), list):
+            return len(self.plan["batch_sizes"])
+        return None
+
+    @property
+    def policy(self) -> str | None:
+        """The balancing policy, or None where no file says."""
+        for source in (self.summary, self.start, self.plan, self.recipe):
+            if source and isinstance(source.get("policy"), str):
+                return str(source["policy"])
+        return None
+
+    @property
+    def devices(self) -> list[str]:
+        """Each rank's device as the run printed it ("cpu", "cpu x4"); empty if unknown."""
+        if self.start and isinstance(self.start.get("devices"), list):
+            return [str(device) for device in self.start["devices"]]
+        if self.summary and isinstance(self.summary.get("ranks"), list):
+            return [device_label(row) for row in self.summary["ranks"]]
+        return []
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """The final evaluation's headline metrics (summary.json); none before the run
+        finished (an earlier evaluation is in `evaluations`)."""
+        if self.summary and isinstance(self.summary.get("metrics"), dict):
+            return dict(self.summary["metrics"])
+        return {}
+
+    @property
+    def replans(self) -> list[dict[str, Any]]:
+        """The epoch records after which the plan changed (their ``replan`` says how)."""
+        return [record for record in self.epochs if record.get("replan")]
+
+    @property
+    def unfinished(self) -> str | None:
+        """Why the run did not finish, as a phrase; None when it finished."""
+        if self.finished:
+            return None
+        done = self.epochs[-1]["epoch"] if self.epochs else 0
+        planned = f" of {self.planned_epochs}" if self.planned_epochs else ""
+        if self.stop is not None:
+            epoch, step = self.stop.get("epoch"), self.stop.get("step")
+            if step:
+                return f"stopped by a signal in epoch {epoch}{planned} after step {step}"
+            return f"stopped by a signal after epoch {epoch}{planned}"
+        if self.ended:  # the end line is written just before summary.json
+            return "its metrics.jsonl says it ended, but summary.json is missing"
+        if not self.epochs:
+            return "no epoch recorded (stopped before training, or still starting)"
+        return f"no summary.json after epoch {done}{planned} (killed, or still running)"
+
+    @property
+    def checkpoints(self) -> list[str]:
+        """The checkpoint files in the folder, oldest first."""
+        return [n for n in self.files if n.startswith("checkpoints/step-") and n.endswith(".pt")]
+
+
+def load_run(folder: str | os.PathLike[str]) -> Run:
+    """Read the run folder `folder`.
+
+    Raises:
+        ValueError: one line naming the path and the fix: the folder does not exist, is not
+            a folder, is not a run folder, or one of its files cannot be read or parsed.
+    """
+    path = Path(folder)
+    _check_folder(path)
+    records = _records(path / "metrics.jsonl")
+    starts = [r for r in records if r["type"] == "start"]
+    stops = [r for r in records if r["type"] == "stop"]
+    return Run(
+        folder=path,
+        recipe=_toml(path / "config.toml"),
+        plan=_json(path / "plan.json", "plan"),
+        epochs=epoch_records(records),
+        evaluations=eval_records(records),
+        start=starts[-1] if starts else None,
+        # A resumed run that went on after a stop is no longer stopped.
+        stop=stops[-1] if stops and records[-1]["type"] == "stop" else None,
+        ended=bool(records) and records[-1]["type"] == "end",
+        summary=_json(path / "summary.json", "run summary"),
+        files=_files(path),
+    )
+
+
+def _check_folder(path: Path) -> None:
+    shown = repr(str(path))
+    try:
+        if not path.exists():
+            raise ValueError(
+                f"run folder {shown} does not exist; name a folder `lbtrain train` wrote, "
+                "e.g. runs/<date-time>"
+            )
+        if not path.is_dir():
+            raise ValueError(
+                f"{shown} is a file, not a run folder; name the folder it is in, "
+                f"{str(path.parent)!r}"
+            )
+        if any((path / marker).is_file() for marker in RUN_MARKERS):
+            return
+        inside = sorted(
+            child.name
+            for child in path.iterdir()
+            if child.is_dir() and any((child / m).is_file() for m in RUN_MARKERS)
+        )
+    except OSError as exc:
+        raise ValueError(f"run folder {shown} cannot be read ({exc.strerror})") from None
+    if inside:
+        more = f" and {len(inside) - 3} more" if len(inside) > 3 else ""
+        raise ValueError(
+            f"{shown} is not a run folder but holds runs ({', '.join(inside[:3])}{more}); "
+            f"name one of them, e.g. {str(path / inside[-1])!r}"
+        )
+    raise ValueError(
+        f"{shown} is not a run folder (it has none of {', '.join(RUN_MARKERS)}); name a folder "
+        "`lbtrain train` wrote, e.g. runs/<date-time>"
+    )
+
+
+def _text(path: Path) -> str | None:
+    """The file's text, None where it does not exist."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError:
+        raise _damaged(path, "not UTF-8 text") from None
+    except OSError as exc:
+        raise ValueError(f"{str(path)!r} cannot be read ({exc.strerror}); check the file") from None
+
+
+def _damaged(path: Path, problem: str) -> ValueError:
+    # These files are written atomically, so a bad one was changed by hand or by a copy that
+    # broke: restoring it is the fix, and the others still show without it.
+    return ValueError(
+        f"{str(path)!r} is damaged ({problem}); restore it from a copy, or move it away to "
+        "see the rest of the run"
+    )
+
+
+def _json(path: Path, what: str) -> dict[str, Any] | None:
+    text = _text(path)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _damaged(path, f"not JSON: {exc.msg} at line {exc.lineno}") from None
+    if not isinstance(value, dict):
+        raise _damaged(path, f"not a {what}: a JSON object was expected")
+    return value
+
+
+def _toml(path: Path) -> dict[str, Any] | None:
+    text = _text(path)
+    if text is None:
+        return None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _damaged(path, f"not TOML: {exc}") from None
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():  # a run refused or stopped before its first epoch began
+        return []
+    try:
+        return read_metrics(path)
+    except UnicodeDecodeError:
+        raise _damaged(path, "not UTF-8 text") from None
+    except OSError as exc:
+        raise ValueError(f"{str(path)!r} cannot be read ({exc.strerror}); check the file") from None
+    except ValueError as exc:  # names the file and the line
+        raise ValueError(
+            f"{exc}; the file is damaged: restore it from a copy, or delete that line"
+        ) from None
+
+
+def _files(path: Path) -> dict[str, int]:
+    files = {}
+    for entry in sorted(path.rglob("*")):
+        if entry.is_file():
+            files[entry.relative_to(path).as_posix()] = entry.stat().st_size
+    return files

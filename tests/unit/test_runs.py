@@ -1,0 +1,288 @@
+"""Looking at runs (issue 21): `lbtrain show`, `lbtrain compare`, and the line that ends a run.
+
+The run folders are real and made in-process, once for the module: a hyperspectral run on
+the synthetic scene (OA, AA and kappa, like the demo's folder), and two runs of the
+tiny faulty workload, one finished and one stopped by a signal in its second epoch. Every
+check reads the expected figures from the folder's own files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from lbtrain import SingleProcessCommunicator, plan_batches
+from lbtrain.cli.main import main
+from lbtrain.runs import load_run
+from lbtrain.text import format_metric
+from lbtrain.trainer import Callback, TrainConfig, train
+from tests.fixtures.faulty_runs import BATCH, FAULTY, plan_file
+
+SCENE_EPOCHS = 3
+
+
+class StopAt(Callback):
+    """Ask for a stop, as a SIGINT would, after 1-based `step` of 0-based `epoch`."""
+
+    def __init__(self, epoch: int, step: int) -> None:
+        self.at = (epoch, step)
+
+    def on_step_end(self, engine, control, times) -> None:
+        if (engine.state.epoch, engine.state.step) == self.at:
+            engine.stop.request(signal.SIGINT)
+
+
+def _faulty_run(folder: Path, *callbacks: Callback) -> int:
+    config = TrainConfig(
+        workload=FAULTY, global_batch=BATCH, threads=1, epochs=4, quiet=True,
+        plan=str(plan_file(folder.parent, [1.0])), out=str(folder),
+    )  # fmt: skip
+    return train(config, SingleProcessCommunicator(), callbacks=callbacks).exit_code
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Run folders by name ("scene", "finished", "stopped"), and the scene run's stdout."""
+    root = tmp_path_factory.mktemp("runs")
+    plan = root / "plan-64.json"
+    plan.write_text(plan_batches([1.0], 64, "proportional").to_json())  # no profiling: faster
+    scene = root / "scene"
+    argv = [
+        "train", "--workload", "hyperspectral", "--dataset", "synthetic", "--model", "hu",
+        "--global-batch", "64", "--threads", "1", "--epochs", str(SCENE_EPOCHS),
+        "--eval-every", "2", "--plan", str(plan), "--out", str(scene),
+    ]  # fmt: skip
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch:
+        # Pictures are most of these runs' time (matplotlib) and no check here looks at one.
+        patch.setattr("lbtrain.trainer.job.draw_curves", lambda out, title: [])
+        with contextlib.redirect_stdout(printed):
+            assert main([*argv, "--no-map"], comm=SingleProcessCommunicator()) == 0
+        assert _faulty_run(root / "finished") == 0
+        assert _faulty_run(root / "stopped", StopAt(1, 3)) == 130
+    (root / "scene.out").write_text(printed.getvalue())
+    return {"scene": scene, "finished": root / "finished", "stopped": root / "stopped"}
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv), comm=SingleProcessCommunicator())
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _records(folder: Path, kind: str) -> list[dict]:
+    lines = (folder / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if record["type"] == kind]
+
+
+def _section(text: str, title: str) -> list[str]:
+    """The lines of the section of `lbtrain show` output whose heading starts with `title`."""
+    (block,) = [b for b in text.split("\n\n") if b.startswith(title)]
+    return block.splitlines()
+
+
+def test_the_end_of_a_run_prints_its_folder_and_how_to_look_at_it(runs):
+    printed = (runs["scene"].parent / "scene.out").read_text()
+    assert "outputs:" not in printed  # the list of files is gone, `show` lists them
+    (line,) = [line for line in printed.splitlines() if "run folder:" in line]
+    match = re.fullmatch(r"  run folder: (\S+)  \(see: lbtrain show (\S+)\)", line)
+    assert match and match[1] == match[2] == str(runs["scene"]), line
+    folder = Path(match[1])
+    for name in ("summary.json", "metrics.jsonl", "config.toml", "plan.json", "metrics.txt"):
+        assert (folder / name).is_file(), name
+    assert list((folder / "checkpoints").glob("step-*.pt"))
+
+
+def test_show_prints_the_recipe_plan_epochs_final_metrics_and_files(runs, capsys):
+    folder = runs["scene"]
+    code, out, err = _cli(capsys, "show", str(folder))
+    assert code == 0 and not err, err
+    summary = _json(folder / "summary.json")
+    assert out.startswith(f"run {folder}: finished ({SCENE_EPOCHS} epochs, 1 rank, policy ")
+    recipe = " ".join(_section(out, "recipe (config.toml)"))
+    assert "workload=hyperspectral" in recipe and "dataset=synthetic" in recipe
+    assert f"epochs={SCENE_EPOCHS}" in recipe and "model=hu" in recipe
+    plan = _json(folder / "plan.json")
+    (rank0,) = [line.split() for line in _section(out, "plan (plan.json") if line[:3] == "  0"]
+    assert rank0[:3] == ["0", "cpu", str(plan["batch_sizes"][0])]
+
+    rows = {line.split()[0]: line for line in _section(out, "epochs (metrics.jsonl)")[3:]}
+    evaluations = {e["epoch"]: e["metrics"] for e in _records(folder, "eval")}
+    assert sorted(evaluations) == [2, 3]  # --eval-every 2, and the final evaluation
+    for record in _records(folder, "epoch"):
+        row = rows[str(record["epoch"])]
+        assert f"{record['loss']:.4f}" in row and f"{100 * record['accuracy']:.2f} %" in row
+        assert f"{record['samples'] / record['seconds']:,.0f}" in row
+        for name, value in evaluations.get(record["epoch"], {}).items():
+            assert format_metric(name, value) in row, (name, row)
+    assert rows["1"].count("%") == 1  # the train accuracy alone: epoch 1 was not evaluated
+
+    final = _section(out, "final (summary.json)")
+    metrics = summary["metrics"]
+    assert final[1] == (
+        f"  OA {100 * metrics['oa']:.2f} %   AA {100 * metrics['aa']:.2f} %   "
+        f"kappa {metrics['kappa']:.4f}"
+    )
+    assert f"wall time {summary['wall_seconds']:.1f} s" in final[2]
+    files = " ".join(_section(out, "files ("))
+    for path in folder.rglob("*"):
+        if path.is_file():
+            assert path.relative_to(folder).as_posix() in files
+
+
+def test_show_an_interrupted_run_says_how_far_it_got_and_how_to_continue(runs, capsys):
+    folder = runs["stopped"]
+    assert not (folder / "summary.json").exists()
+    code, out, err = _cli(capsys, "show", str(folder))
+    assert code == 0 and not err, err
+    (stop,) = _records(folder, "stop")
+    epochs = _records(folder, "epoch")
+    head = out.splitlines()[:3]
+    assert head[0] == f"run {folder}: did not finish ({len(epochs)} of 4 epochs, 1 rank, " + (
+        "policy proportional)"
+    )
+    assert (
+        head[1] == f"  stopped by a signal in epoch {stop['epoch']} of 4 after step {stop['step']}"
+    )
+    assert head[2].startswith(f"  continue it with: lbtrain train --resume {folder}")
+    rows = _section(out, "epochs (metrics.jsonl)")[3:]
+    assert [row.split()[:2] for row in rows] == [
+        [str(e["epoch"]), f"{e['loss']:.4f}"] for e in epochs
+    ]
+    assert "final: no summary.json (the run did not finish)" in out
+
+
+def test_a_run_killed_without_a_word_reads_as_unfinished(runs, tmp_path):
+    killed = tmp_path / "killed"
+    shutil.copytree(runs["stopped"], killed)
+    lines = (killed / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (killed / "metrics.jsonl").write_text("".join(lines[:-1]) + '{"type": "epo')  # torn line
+    run = load_run(killed)
+    assert not run.finished and run.stop is None and len(run.epochs) == 1
+    assert run.unfinished == "no summary.json after epoch 1 of 4 (killed, or still running)"
+
+
+def _expected_row(folder: Path, metrics: list[str]) -> list[str]:
+    summary = _json(folder / "summary.json")
+    return [
+        folder.name, summary["policy"], "1", "cpu", f"{summary['wall_seconds']:.1f}",
+        f"{summary['samples_per_second']:,.0f}",
+        *(format_metric(m, summary["metrics"][m]) if m in summary["metrics"] else "-"
+          for m in metrics),
+    ]  # fmt: skip
+
+
+def test_compare_prints_one_aligned_row_per_run(runs, capsys):
+    code, out, err = _cli(capsys, "compare", str(runs["scene"]), str(runs["finished"]))
+    assert code == 0 and not err, err
+    lines = out.splitlines()
+    assert lines[0].split() == (
+        "run policy ranks devices wall time (s) samples/s OA AA kappa accuracy".split()
+    )
+    assert set(lines[1]) == {"-", " "} and len(lines) == 4
+    metrics = ["oa", "aa", "kappa", "accuracy"]
+    for line, name in zip(lines[2:], ("scene", "finished"), strict=True):
+        assert line.split() == " ".join(_expected_row(runs[name], metrics)).split()
+    # Aligned: every column starts where its heading does.
+    starts = [m.start() for m in re.finditer(r"(?<=  )\S", lines[1])]
+    for line in lines[2:]:
+        assert all(line[i - 1] == " " for i in starts), line
+
+
+def test_compare_markdown_is_a_table_with_a_row_per_run(runs, capsys):
+    code, out, err = _cli(
+        capsys, "compare", str(runs["scene"]), str(runs["finished"]), "--format", "markdown"
+    )
+    assert code == 0 and not err, err
+    lines = out.strip().splitlines()
+
+    def cells(line: str) -> list[str]:
+        assert line.startswith("| ") and line.endswith(" |"), line
+        return line[2:-2].split(" | ")
+
+    header = cells(lines[0])
+    assert header == [
+        "run", "policy", "ranks", "devices", "wall time (s)", "samples/s", "OA", "AA", "kappa",
+        "accuracy",
+    ]  # fmt: skip
+    assert lines[1] == "|" + "---|" * len(header)
+    assert len(lines) == 4
+    metrics = ["oa", "aa", "kappa", "accuracy"]
+    assert cells(lines[2]) == _expected_row(runs["scene"], metrics)
+    assert cells(lines[3]) == _expected_row(runs["finished"], metrics)
+
+
+def test_compare_shows_an_unfinished_run_with_dashes_and_a_note(runs, capsys):
+    code, out, err = _cli(capsys, "compare", str(runs["finished"]), str(runs["stopped"]))
+    assert code == 0 and not err, err
+    lines = out.splitlines()
+    assert lines[3].split() == ["stopped", "proportional", "1", "cpu", "-", "-", "-"]
+    (stop,) = _records(runs["stopped"], "stop")
+    assert lines[-1] == (
+        f"note: stopped did not finish: stopped by a signal in epoch {stop['epoch']} of 4 after "
+        f"step {stop['step']}; '-' where its summary.json would say"
+    )
+
+
+def _not_a_run(tmp_path: Path) -> str:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine\n")
+    return str(tmp_path / "notes")
+
+
+def _damaged(tmp_path: Path, runs: dict[str, Path]) -> str:
+    folder = tmp_path / "damaged"
+    shutil.copytree(runs["finished"], folder)
+    (folder / "summary.json").write_text('{"policy": "cost",')
+    return str(folder)
+
+
+def _damaged_line(tmp_path: Path, runs: dict[str, Path]) -> str:
+    folder = tmp_path / "damaged"
+    shutil.copytree(runs["finished"], folder)
+    lines = (folder / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (folder / "metrics.jsonl").write_text("".join([lines[0], "{oops\n", *lines[1:]]))
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("verb", "make", "needles"),
+    [
+        ("show", lambda tmp, runs: str(tmp / "nope"), ("does not exist", "runs/<date-time>")),
+        ("show", lambda tmp, runs: _not_a_run(tmp), ("is not a run folder", "summary.json")),
+        ("show", _damaged, ("summary.json' is damaged", "restore it")),
+        ("show", _damaged_line, ("metrics.jsonl:2: not a JSON line", "delete that line")),
+        ("compare", lambda tmp, runs: str(tmp / "nope"), ("does not exist",)),
+        ("show", lambda tmp, runs: str(runs["scene"].parent), ("holds runs", "scene")),
+    ],
+    ids=["missing", "not-a-run", "damaged-json", "damaged-jsonl", "compare-missing", "runs-parent"],
+)
+def test_bad_run_folders_are_one_line_naming_the_path(runs, tmp_path, capsys, verb, make, needles):
+    given = make(tmp_path, runs)
+    argv = [verb, given] if verb == "show" else [verb, str(runs["finished"]), given]
+    code, out, err = _cli(capsys, *argv)
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1 and not out, err
+    assert lines[0].startswith("lbtrain: error: ") and given in lines[0], lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("verb", ["show", "compare"])
+def test_help_explains_the_verb_with_an_example(verb, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([verb, "--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    assert f"lbtrain {verb} runs/20261125-122914" in text and "RUN" in text
