@@ -84,6 +84,9 @@ class ReplanCallback(Callback):
             return
         if change is not None:
             record.replan = change.to_dict(plan)
+            # Counted here, not when the epoch joined the totals: that was before this
+            # decision, and the checkpoint (after it) must carry the count.
+            engine.state.totals.replans += 1
             self.say(f"  after epoch {record.epoch + 1}: {change.describe(plan)}")
         engine.loader.set_plan(BalancePlan.from_dict(chosen))
 

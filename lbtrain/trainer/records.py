@@ -143,7 +143,6 @@ class Totals:
         self.wait += record.wait
         self.comm += record.comm
         self.predicted_seconds += record.predicted_seconds
-        self.replans += 1 if record.replan else 0
         if self.first_loss is None and record.steps:
             self.first_loss = record.loss
         # The first epoch pays one-off costs (allocation, caches) no steady model predicts.

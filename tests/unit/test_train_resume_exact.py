@@ -73,9 +73,20 @@ def _train(config: TrainConfig, *stops: Callback) -> list[int]:
     return [result.value for result in results]
 
 
-def _plans(run: Path) -> list[list[int]]:
+def _epochs(run: Path) -> list[dict]:
     lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [e["batch_sizes"] for e in map(json.loads, lines) if e["type"] == "epoch"]
+    return [e for e in map(json.loads, lines) if e["type"] == "epoch"]
+
+
+def _plans(run: Path) -> list[list[int]]:
+    return [e["batch_sizes"] for e in _epochs(run)]
+
+
+def _replans_counted(run: Path) -> None:
+    """summary.json counts the re-plans the epoch records show, before a stop too."""
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    shown = sum(1 for e in _epochs(run) if e["replan"])
+    assert shown and summary["replans"] == shown, (summary["replans"], shown)
 
 
 def _resume(folder: Path) -> list[int]:
@@ -89,6 +100,7 @@ def test_sigterm_mid_epoch_and_at_an_epoch_end_resume_bit_for_bit(tmp_path):
     plans = _plans(whole / "run")
     assert plans[0] == plans[2] and plans[-1] != plans[0], plans  # the plan followed rank 1
     assert plans[-1][0] > plans[-1][1], plans
+    _replans_counted(whole / "run")
 
     for name, epoch, step in (("mid-epoch", 3, 2), ("epoch-end", 3, 4)):
         folder = tmp_path / name
@@ -97,6 +109,7 @@ def test_sigterm_mid_epoch_and_at_an_epoch_end_resume_bit_for_bit(tmp_path):
         assert (saved["epoch"], saved["step"]) == ((3, 3) if step < 4 else (4, 0))
         assert _resume(folder) == [0, 0]
         assert _plans(folder / "run") == plans, name
+        _replans_counted(folder / "run")
         assert same(final_model(folder / "run"), final_model(whole / "run")), name
 
 
