@@ -56,6 +56,15 @@ MISTAKES = {
         "unknown flag": (["--batchsize", "3"], "--batchsize", "unrecognized arguments"),
     },
     "env": {"unknown flag": (["--all"], "--all", "unrecognized arguments")},
+    "show": {
+        "missing value": ([], "RUN", "the following arguments are required"),
+        "unknown flag": (["--epochs", "r"], "--epochs", "unrecognized arguments"),
+    },
+    "compare": {
+        "bad choice": (["--format", "html", "r"], "--format", "invalid choice: 'html'"),
+        "missing value": (["--format"], "--format", "expected one argument"),
+        "unknown flag": (["--sort", "r"], "--sort", "unrecognized arguments"),
+    },
 }
 CASES = [(verb, kind, *case) for verb, kinds in MISTAKES.items() for kind, case in kinds.items()]
 
