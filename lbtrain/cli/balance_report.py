@@ -13,6 +13,7 @@ from lbtrain.cli.common import (
     agree,
     check_plot_path,
     check_writable,
+    given_workload_options,
     load_profiles_collective,
     non_negative_int,
     positive_int,
@@ -121,6 +122,14 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
             f"--reference-batch {args.reference_batch} applies only when profiling now; with "
             "--profiles the file's own reference batch is used: drop the flag, or re-profile "
             "with `lbtrain profile --reference-batch N`"
+        )
+    options = given_workload_options(args, args.workload)
+    if args.profiles and options:
+        flags = " ".join(f"--{name.replace('_', '-')}" for name in options)
+        raise CLIError(
+            f"{flags} describe the workload to profile now; with --profiles the file's "
+            f"profiles {args.profiles!r} are used as measured: drop {flags}, or profile "
+            "again with them (leave --profiles out)"
         )
     if args.profiles:
         profiles = load_profiles_collective(comm, args.profiles)

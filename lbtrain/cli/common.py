@@ -162,22 +162,32 @@ def add_backend_argument(group: Any, default: str = "auto") -> None:
     )
 
 
-def add_workload_options(parser: argparse.ArgumentParser, spec: str) -> None:
+def add_workload_options(parser: argparse.ArgumentParser, spec: str) -> tuple[str, ...]:
     """Add the workload's own options (a plug-in's `WorkloadOption`s) as one group of flags.
 
     `train`, `profile` and `balance-report` share it, so that a profile times the model and
     samples that training will use. A flag left out is absent from the parsed namespace
     (the workload's default, or a --config file's value, then applies).
+
+    Returns:
+        The names of the options added (a verb's own flag of the same name wins).
     """
     try:
         plugin = get_plugin(spec)
     except ValueError:
-        return  # the run reports the bad --workload with its fix
+        return ()  # the run reports the bad --workload with its fix
     if not plugin.options:
-        return
+        return ()
+    added = []
     title = f"workload {spec!r}" + (f": {plugin.description}" if plugin.description else "")
     group = parser.add_argument_group(title)
+    taken = parser._option_string_actions  # argparse keeps no public index of its flags
     for option in plugin.options:
+        if option.flag in taken or f"--no-{option.flag[2:]}" in taken:
+            # The verb's own flag of that name wins (profile's --warmup times steps): the
+            # workload's option keeps its default there (docs/workloads.md lists the names).
+            continue
+        added.append(option.name)
         shown = "the workload's choice" if option.default is None else option.default
         if option.type is bool:
             shown = "on" if option.default else "off"
@@ -193,15 +203,22 @@ def add_workload_options(parser: argparse.ArgumentParser, spec: str) -> None:
                 metavar=None if option.choices else option.name.upper(),
                 **kwargs,
             )
+    return tuple(added)
 
 
 def given_workload_options(args: argparse.Namespace, spec: str) -> dict[str, Any]:
-    """The workload options given on the command line, by the library's names."""
+    """The workload options given on the command line, by the library's names.
+
+    Only those the verb took as the workload's (`workload_flags`): an option shadowed by the
+    verb's own flag of that name (profile's --warmup) holds the verb's value, not its own.
+    """
     try:
         plugin = get_plugin(spec)
     except ValueError:
         return {}  # building the workload reports it
-    return {o.name: getattr(args, o.name) for o in plugin.options if hasattr(args, o.name)}
+    names = getattr(args, "workload_flags", None)
+    taken = {o.name for o in plugin.options} if names is None else set(names)
+    return {name: getattr(args, name) for name in sorted(taken) if hasattr(args, name)}
 
 
 def _argparse_type(option: WorkloadOption) -> Any:
@@ -303,7 +320,7 @@ def add_profiling_arguments(
         "find the cap)",
     )
     group.add_argument("--seed", type=int, default=0, help="seed of the synthetic batches")
-    add_workload_options(parser, workload)
+    parser.set_defaults(workload_flags=add_workload_options(parser, workload))
 
 
 def _profile_config(args: argparse.Namespace, world_size: int) -> ProfileConfig:

@@ -12,7 +12,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import IO, NoReturn, TextIO
+from typing import IO, Any, NoReturn, TextIO
 
 import lbtrain
 from lbtrain.cli import balance_report, compare, env, profile, show, train
@@ -22,6 +22,7 @@ from lbtrain.comm import Communicator, launched_by_torchrun, world_communicator
 from lbtrain.comm.base import RankLost
 from lbtrain.trainer.engine import TrainingDiverged
 from lbtrain.trainer.signals import Interrupted
+from lbtrain.workloads import get_plugin
 
 __all__ = ["build_parser", "main"]
 
@@ -65,6 +66,12 @@ class _Parser(argparse.ArgumentParser):
     argparse's usage block first: `train`'s is 25 lines, which hide the one that matters.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # `--epoch 3` is no `--epochs 3`: flags are spelt out, as the docs and the read-ahead
+        # of --workload (train.workload_from_argv) spell them; the subcommands too.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def _print_message(self, message: str, file: IO[str] | None = None) -> None:
         if not getattr(_PARSING, "quiet", False):
             super()._print_message(message, file)
@@ -84,10 +91,20 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         if extra:
             # Named by the verb's own parser, so the hint leads to that verb's options.
             verb = _verb_parser(parser, argv) or parser
-            verb.error(f"unrecognized arguments: {' '.join(extra)}")
+            verb.error(_unknown_workload(argv) or f"unrecognized arguments: {' '.join(extra)}")
         return args
     finally:
         _PARSING.quiet = False
+
+
+def _unknown_workload(argv: list[str]) -> str | None:
+    """Why the workload's flags were not known: a --workload that names no workload (its
+    options could not be added), rather than "unrecognized arguments" for each of them."""
+    try:
+        get_plugin(train.workload_from_argv(argv))
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _verb_parser(

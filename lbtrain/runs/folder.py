@@ -120,6 +120,10 @@ class Run:
         planned = f" of {self.planned_epochs}" if self.planned_epochs else ""
         if self.stop is not None:
             epoch, step = self.stop.get("epoch"), self.stop.get("step")
+            reason = str(self.stop.get("reason", "signal"))
+            if reason.startswith("diverged"):
+                # The engine's stop record: "diverged: training diverged: the loss ..."
+                return reason.removeprefix("diverged: ")
             if step:
                 return f"stopped by a signal in epoch {epoch}{planned} after step {step}"
             return f"stopped by a signal after epoch {epoch}{planned}"
@@ -128,6 +132,11 @@ class Run:
         if not self.epochs:
             return "no epoch recorded (stopped before training, or still starting)"
         return f"no summary.json after epoch {done}{planned} (killed, or still running)"
+
+    @property
+    def diverged(self) -> bool:
+        """Whether training stopped because the loss ran away (a resume cannot help)."""
+        return self.stop is not None and str(self.stop.get("reason", "")).startswith("diverged")
 
     @property
     def checkpoints(self) -> list[str]:

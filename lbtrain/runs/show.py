@@ -52,7 +52,9 @@ def _header(run: Run) -> str:
     if run.finished:
         return line
     lines = [line, f"  {run.unfinished}"]
-    if run.checkpoints:
+    if run.diverged:
+        lines.append("  start a new run with a lower --lr (a resume keeps the learning rate)")
+    elif run.checkpoints:
         folder = shlex.quote(str(run.folder))
         lines.append(f"  continue it with: lbtrain train --resume {folder} (launched as it was)")
     return "\n".join(lines)

@@ -82,11 +82,11 @@ class ReplanCallback(Callback):
         chosen = engine.comm.bcast(None if change is None else change.plan.to_dict(), root=0)
         if chosen is None:
             return
+        # Counted here, not when the epoch joined the totals: that was before this decision,
+        # and the checkpoint (after it) must carry the count. On every rank alike.
+        engine.state.totals.replans += 1
         if change is not None:
             record.replan = change.to_dict(plan)
-            # Counted here, not when the epoch joined the totals: that was before this
-            # decision, and the checkpoint (after it) must carry the count.
-            engine.state.totals.replans += 1
             self.say(f"  after epoch {record.epoch + 1}: {change.describe(plan)}")
         engine.loader.set_plan(BalancePlan.from_dict(chosen))
 

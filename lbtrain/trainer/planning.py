@@ -290,8 +290,7 @@ def _check_profiled(profiles: list[ReplicaProfile], workload: Workload, path: st
             f"this run trains {name!r}; leave the profiles file out to profile it now, or pass "
             f"one from `lbtrain profile --workload {name}`"
         )
-    with torch.random.fork_rng(devices=[]):  # the run's own initialisation stays as it was
-        model = describe_model(workload.build_model())
+    model = _model_name(workload)
     shape = tuple(workload.sample_shape)
     for p in profiles:
         if (p.model or model) != model or (p.sample_shape or shape) != shape:
@@ -301,6 +300,17 @@ def _check_profiled(profiles: list[ReplicaProfile], workload: Workload, path: st
                 f"{_shape(shape)}; leave the profiles file out to profile it now, or pass one from "
                 "`lbtrain profile` given this run's workload options"
             )
+
+
+def _model_name(workload: Workload) -> str:
+    """`describe_model` of the workload's model, built on the meta device where it can be:
+    no memory, no random draws; else on the CPU, the run's random state left as it was."""
+    try:
+        with torch.device("meta"):
+            return describe_model(workload.build_model())
+    except Exception:  # a model whose construction needs real tensors
+        with torch.random.fork_rng(devices=[]):
+            return describe_model(workload.build_model())
 
 
 def _shape(shape: tuple[int, ...] | None) -> str:

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import tomllib
+from pathlib import Path
 
 import pytest
 import torch
 
 from lbtrain import SingleProcessCommunicator
-from lbtrain.cli.main import main
+from lbtrain.cli.common import given_workload_options
+from lbtrain.cli.main import build_parser, main
 from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
+from lbtrain.workloads import WorkloadOption, WorkloadPlugin, register_workload, toy_workload
 from tests.ranks import lbtrain_ranks
 
 
@@ -99,6 +102,46 @@ def test_a_usage_mistake_is_printed_once_by_many_ranks():
         "lbtrain train: error: argument --epochs: 'x' is not a whole number",
         "see lbtrain train --help",
     ], job.output()
+
+
+def test_flags_are_spelt_out_not_abbreviated(capsys):
+    code, _, err = _cli(capsys, "train", "--epoch", "3")
+    assert code == 2 and "unrecognized arguments: --epoch 3" in err, err
+
+
+def test_a_misspelt_workload_is_named_rather_than_its_options(capsys):
+    code, _, err = _cli(capsys, "profile", "--workload", "hyperspectrl", "--model", "hamida")
+    assert code == 2 and err.splitlines()[0].startswith("lbtrain profile: error: "), err
+    assert "--workload 'hyperspectrl' is unknown" in err and "unrecognized" not in err, err
+
+
+COLLIDING = WorkloadPlugin(
+    build=lambda seed=0, **options: toy_workload(),
+    options=(
+        WorkloadOption("warmup", 7, "an option named like profile's own flag", type=int),
+        WorkloadOption("width", 8, "an option no verb has", type=int),
+    ),
+)
+
+
+def test_a_workload_option_named_like_a_verbs_flag_leaves_the_verb_its_flag(capsys):
+    register_workload("colliding", COLLIDING)
+    for verb in ("train", "profile", "balance-report"):
+        parser = build_parser([verb, "--workload", "colliding"])  # no clash, no traceback
+        args = parser.parse_args([verb, "--workload", "colliding", "--warmup", "3"])
+        assert args.warmup == 3  # train: the workload's option; profile: its own flag
+        args = parser.parse_args([verb, "--workload", "colliding", "--width", "4"])
+        assert args.width == 4
+    args = build_parser(["profile"]).parse_args(["profile", "--workload", "colliding"])
+    assert given_workload_options(args, "colliding") == {}  # profile's --warmup is its own
+
+
+def test_balance_report_refuses_workload_options_beside_a_profiles_file(capsys):
+    profiles = str(Path(__file__).parents[1] / "fixtures" / "profiles_3ranks.json")
+    code, _, err = _cli(capsys, "balance-report", "--profiles", profiles, "--model", "hamida")
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert "--model describe the workload to profile now" in lines[0], lines
 
 
 # ---------------------------------------------------------------------------------------

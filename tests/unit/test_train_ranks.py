@@ -263,6 +263,12 @@ def test_a_diverging_run_stops_every_rank_with_one_line_and_exit_1(tmp_path):
     assert "training diverged at epoch 1" in line and "--divergence off" in line, line
     stop = entries(tmp_path / "run")[-1]
     assert stop["type"] == "stop" and stop["code"] == 1 and "diverged" in stop["reason"], stop
+    # `lbtrain show` says why it stopped, and that a resume (same --lr) cannot help.
+    shown = lbtrain_ranks(1, "show", str(tmp_path / "run"))
+    assert shown.codes == [0], shown.output()
+    head = shown.stdout.splitlines()[:3]
+    assert head[1].startswith("  training diverged at epoch 1"), head
+    assert "lower --lr" in head[2] and "--resume" not in shown.stdout, head
     # The test can fail: with the guard off the same run exits 0 with its useless model.
     job = lbtrain_ranks(
         2, *args, "--lr", "1e9", "--divergence", "off", "--out", str(tmp_path / "off")
