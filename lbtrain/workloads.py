@@ -342,6 +342,18 @@ def available_workloads() -> list[str]:
     return sorted(names)
 
 
+def _install_hint(ep: Any, exc: Exception) -> str:
+    """The fix for an entry point that failed to load: lbtrain's own application misses its
+    extra's packages (an install without [hyperspectral]); another package is the user's."""
+    dist = getattr(getattr(ep, "dist", None), "name", None)
+    if isinstance(exc, ImportError) and dist == "lbtrain":
+        return (
+            f"install its extra: pip install 'lbtrain[{ep.name}]' (or name another workload, "
+            "e.g. --workload patch-cnn)"
+        )
+    return "fix or reinstall the package that provides it"
+
+
 def get_plugin(spec: str) -> WorkloadPlugin:
     """Resolve `--workload` to its plug-in: a registered name, an entry point, or "module:function".
 
@@ -359,7 +371,7 @@ def get_plugin(spec: str) -> WorkloadPlugin:
                 except Exception as exc:  # a broken plug-in package: name it, not a traceback
                     raise ValueError(
                         f"--workload {spec!r}: entry point {ep.value!r} failed to load ({exc}); "
-                        "fix or reinstall the package that provides it"
+                        f"{_install_hint(ep, exc)}"
                     ) from exc
                 break
     if factory is None and ":" in spec:

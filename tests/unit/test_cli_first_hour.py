@@ -230,3 +230,26 @@ def test_train_takes_profiles_of_its_model_and_refuses_another_in_one_line(
         assert "measured on HamidaEtAl (" in lines[0] and ours in lines[0], lines
         assert "x5x5" in lines[0], lines  # the profiled sample shape, named
         assert not run.exists()
+
+
+class _BrokenEntryPoint:
+    """An entry point whose package lacks a dependency, as an install without an extra."""
+
+    def __init__(self, dist: str) -> None:
+        self.name, self.value = "hyperspectral", "hyperspectral.workload:plugin"
+        self.dist = type("Dist", (), {"name": dist})()
+
+    def load(self):
+        raise ModuleNotFoundError("No module named 'scipy'")
+
+
+@pytest.mark.parametrize(
+    "dist,fix",
+    [("lbtrain", "pip install 'lbtrain[hyperspectral]'"), ("theirs", "fix or reinstall")],
+)
+def test_a_workload_missing_its_extra_says_which_extra_to_install(monkeypatch, capsys, dist, fix):
+    monkeypatch.setattr("lbtrain.workloads.entry_points", lambda group: [_BrokenEntryPoint(dist)])
+    code, _, err = _cli(capsys, "profile", "-o", "p.json")
+    lines = err.splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert "No module named 'scipy'" in lines[0] and fix in lines[0], lines
