@@ -160,9 +160,9 @@ def parse_network(spec: str) -> Network:
         links[level] = _link(part, values)
     if not links:
         raise ValueError("network spec is empty: e.g. 'intra=900GB/s,5us; inter=100Gb/s,2us'")
-    return Network(
-        intra=links.get("intra", links.get("inter")), inter=links.get("inter", links["intra"])
-    )
+    # A spec naming one level describes a flat network: that link serves both.
+    only = next(iter(links.values()))
+    return Network(intra=links.get("intra", only), inter=links.get("inter", only))
 
 
 def _link(part: str, values: str) -> Link:
