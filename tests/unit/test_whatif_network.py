@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -165,3 +167,8 @@ def test_bad_sizes_and_ranks_are_named():
         ring(1, 2.5, link)
     with pytest.raises(ValueError, match="ranks per node"):
         hierarchical(1, 4, 0, link, link)
+
+
+def test_the_whatif_package_imports_no_torch():
+    code = "import sys, lbtrain.whatif; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
