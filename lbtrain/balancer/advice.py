@@ -9,10 +9,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lbtrain.balancer.network import CommCost
 from lbtrain.balancer.plan import BalancePlan, cost_sizes
-from lbtrain.balancer.replica import ReplicaSpeed
 from lbtrain.balancer.rounding import water_fill
+from lbtrain.balancer.subsets import SubsetPrediction, best_subset, subset_predictions
 
 __all__ = [
     "WORTHWHILE",
@@ -48,21 +47,6 @@ class Ideal:
         return self.compute + self.comm
 
 
-@dataclass(frozen=True)
-class SubsetPrediction:
-    """The predicted step of launching only `ranks`, planned by the cost model."""
-
-    ranks: tuple[int, ...]
-    batch_sizes: tuple[int, ...]
-    compute: float
-    comm: float
-
-    @property
-    def step(self) -> float:
-        """Predicted seconds per step."""
-        return self.compute + self.comm
-
-
 def ideal_step(plan: BalancePlan) -> Ideal:
     """T* of the plan's replicas and caps, with zero shares allowed, plus the plan's sync."""
     replicas = plan.replicas
@@ -80,37 +64,12 @@ def ideal_step(plan: BalancePlan) -> Ideal:
     return Ideal(min(compute, plan.predicted_compute_time), plan.predicted_comm_time)
 
 
-def subset_predictions(
-    replicas: Sequence[ReplicaSpeed], total: int, comm: CommCost | None = None
-) -> list[SubsetPrediction]:
-    """Predicted steps of launching the fastest P, P - 1, ..., 1 ranks (slowest dropped first).
-
-    Ranks are ranked by their step at an equal share B / P. A subset whose caps cannot hold
-    B ends the list.
-    """
-    count = len(replicas)
-    equal = total / count
-    order = sorted(range(count), key=lambda i: (replicas[i].step_time(equal), i))
-    predictions = []
-    for k in range(count, 0, -1):
-        keep = sorted(order[:k])
-        chosen = [replicas[i] for i in keep]
-        upper = [math.inf if r.cap is None else r.cap for r in chosen]
-        if sum(upper) < total:
-            break
-        sizes = cost_sizes(chosen, total, [0] * k, upper)
-        compute = max(r.step_time(b) for r, b in zip(chosen, sizes, strict=True) if b > 0)
-        sync = 0.0 if comm is None else comm.time(k)
-        predictions.append(SubsetPrediction(tuple(keep), tuple(sizes), compute, sync))
-    return predictions
-
-
 def subset_note(plan: BalancePlan) -> str | None:
     """Advice when launching fewer ranks is predicted more than 5% faster than this plan."""
-    predictions = subset_predictions(plan.replicas, plan.global_batch_size, plan.comm)
-    if not predictions:
+    # The best of subset_predictions, planning only the subsets that could be it.
+    best = best_subset(plan.replicas, plan.global_batch_size, plan.comm)
+    if best is None:
         return None
-    best = min(predictions, key=lambda p: (p.step, -len(p.ranks)))
     slower = best.step >= (1 - WORTHWHILE) * plan.predicted_step_time
     if len(best.ranks) == plan.world_size or slower:
         return None
