@@ -196,14 +196,14 @@ def format_prediction(
         f"{_rate(inter.beta, 'B/s')}, {inter.alpha * 1e6:g} us; gradient "
         f"{_rate(gradient_bytes, 'B')}",
         "",
-        f"{'device':<12}{'count':>8}{'batch each':>12}{'zero':>6}{'compute ms':>12}"
+        f"{'device':<12}{'count':>8}{'batch each':>12}{'zero':>8}{'compute ms':>12}"
         f"{'idle ms':>10}  speed model",
     ]
     for g in result.groups:
         each = str(g.batch_max) if g.batch_min == g.batch_max else f"{g.batch_min}-{g.batch_max}"
         model = f"{_ms(g.speed.alpha)} ms + {_ms(g.speed.beta)} ms/sample ({g.speed.source})"
         lines.append(
-            f"{g.name:<12}{g.count:>8,}{each:>12}{g.zero:>6,}{_ms(g.compute):>12}"
+            f"{g.name:<12}{g.count:>8,}{each:>12}{g.zero:>8,}{_ms(g.compute):>12}"
             f"{_ms(g.idle):>10}  {model}"
         )
     lines += [

@@ -28,12 +28,10 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-import numpy as np
-
-from lbtrain.balancer import CommCost, ReplicaSpeed, plan_batches
 from lbtrain.balancer.rounding import water_fill
 from lbtrain.whatif.cluster import Cluster, Network
 from lbtrain.whatif.devices import DeviceSpec
+from lbtrain.whatif.grouped import grouped_plan
 from lbtrain.whatif.network import hierarchical
 
 __all__ = [
@@ -222,7 +220,9 @@ def predict(
 
     Each device is a replica with its kind's speed model (`speeds`, by device name); the
     sync is `hierarchical` over `cluster.max_per_node` ranks per node, every device taking
-    part (idle ones add zeros), as `plan_batches` models it through a `CommCost`.
+    part (idle ones add zeros), as `plan_batches` models it. The plan is `plan_batches`'s,
+    computed per group of identical devices (`lbtrain.whatif.grouped`): 100,000 devices
+    cost no more than a handful of groups.
     """
     missing = [g.device.name for g in cluster.groups if g.device.name not in speeds]
     if missing:
@@ -230,42 +230,44 @@ def predict(
     sync = hierarchical(
         gradient_bytes, cluster.devices, cluster.max_per_node, network.intra, network.inter
     )
-    replicas = []
-    for group in cluster.groups:
-        s = speeds[group.device.name]
-        replicas += [ReplicaSpeed(1.0 / s.beta, alpha=s.alpha, beta=s.beta)] * group.count
-    comm = CommCost(float(sync.seconds), cluster.devices, int(gradient_bytes))
-    plan = plan_batches(replicas, global_batch, policy, min_batch=min_batch, comm=comm)
-    sizes = np.asarray(plan.batch_sizes)
-    compute = plan.predicted_compute_time
-    groups, start = [], 0
-    for group in cluster.groups:
-        s = speeds[group.device.name]
-        part = sizes[start : start + group.count]
-        start += group.count
-        busy = part > 0
-        times = np.where(busy, s.alpha + s.beta * part, 0.0)
-        slowest = float(times.max())
-        low, high, zero = int(part.min()), int(part.max()), int((~busy).sum())
-        name = group.device.name
-        groups.append(
-            GroupPrediction(name, group.count, low, high, zero, slowest, compute - slowest, s)
+    models = [speeds[g.device.name] for g in cluster.groups]
+    counts = [g.count for g in cluster.groups]
+    alphas, betas = [s.alpha for s in models], [s.beta for s in models]
+    shares = grouped_plan(counts, alphas, betas, global_batch, policy, min_batch)
+    slowest = [
+        s.alpha + s.beta * x.batch_max if x.batch_max else 0.0
+        for s, x in zip(models, shares, strict=True)
+    ]
+    compute = max(slowest)
+    groups = tuple(
+        GroupPrediction(
+            g.device.name,
+            g.count,
+            x.batch_min,
+            x.batch_max,
+            0 if x.batch_min else g.count - x.extra,
+            t,
+            compute - t,
+            s,
         )
-    ideal = _ideal_compute(cluster, speeds, global_batch)
+        for g, s, x, t in zip(cluster.groups, models, shares, slowest, strict=True)
+    )
+    ideal = _ideal_compute(counts, alphas, betas, global_batch)
     return Prediction(
-        policy, global_batch, tuple(groups), compute, float(sync.seconds), str(sync.algorithm),
+        policy, global_batch, groups, compute, float(sync.seconds), str(sync.algorithm),
         min(ideal, compute),
     )  # fmt: skip
 
 
-def _ideal_compute(cluster: Cluster, speeds: Mapping[str, SpeedModel], total: int) -> float:
+def _ideal_compute(
+    counts: Sequence[int], alphas: Sequence[float], betas: Sequence[float], total: int
+) -> float:
     """T*: the continuous water-filling optimum, one entry per group (devices of a group
     are identical, so a group of n devices is one device n times as fast at the same alpha)."""
-    alphas = [speeds[g.device.name].alpha for g in cluster.groups]
-    betas = [speeds[g.device.name].beta / g.count for g in cluster.groups]
-    count = len(alphas)
-    shares = water_fill(total, alphas, betas, [0] * count, [math.inf] * count)
-    return max(a + b * x for a, b, x in zip(alphas, betas, shares, strict=True) if x > 0)
+    group_betas = [b / n for b, n in zip(betas, counts, strict=True)]
+    count = len(counts)
+    shares = water_fill(total, alphas, group_betas, [0] * count, [math.inf] * count)
+    return max(a + b * x for a, b, x in zip(alphas, group_betas, shares, strict=True) if x > 0)
 
 
 @dataclass(frozen=True)
