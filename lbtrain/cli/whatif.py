@@ -201,7 +201,9 @@ def format_prediction(
     ]
     for g in result.groups:
         each = str(g.batch_max) if g.batch_min == g.batch_max else f"{g.batch_min}-{g.batch_max}"
-        model = f"{_ms(g.speed.alpha)} ms + {_ms(g.speed.beta)} ms/sample ({g.speed.source})"
+        model = (
+            f"{1e3 * g.speed.alpha:.4g} ms + {1e3 * g.speed.beta:.4g} ms/sample, {g.speed.source}"
+        )
         lines.append(
             f"{g.name:<12}{g.count:>8,}{each:>12}{g.zero:>8,}{_ms(g.compute):>12}"
             f"{_ms(g.idle):>10}  {model}"

@@ -103,7 +103,9 @@ def _measured(device: DeviceSpec, profiles: Sequence[Any], key: str | None) -> S
     # A CPU profile of t threads stands for t one-core replicas of a cpu-core device.
     scale = [max(1, int(p.threads)) if device.kind == "cpu" and key is None else 1 for p in matched]
     beta = median(p.beta * s for p, s in zip(matched, scale, strict=True))
-    return SpeedModel(median(p.alpha for p in matched), beta, f"{len(matched)} profile(s)")
+    return SpeedModel(
+        median(p.alpha for p in matched), beta, f"median of {len(matched)} profile(s)"
+    )
 
 
 def speed_models(
@@ -138,7 +140,7 @@ def speed_models(
             p.alpha for p in profiles if str(p.device_kind).lower() == _PROFILE_KIND[device.kind]
         ]
         alpha = median(kind_alphas) if kind_alphas else 0.0
-        source = f"roofline at {efficiency:.0%} of peak ({how})"
+        source = f"roofline at {efficiency:.0%} of peak, {how}"
         models[device.name] = SpeedModel(alpha, roofline.beta(device, efficiency), source)
     return models
 
