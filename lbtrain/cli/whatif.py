@@ -139,10 +139,17 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Network, dict[str, Speed
     cluster = parse_cluster(args.cluster, table)
     network = parse_network(args.network)
     profiles = [] if args.profiles is None else load_profiles(args.profiles)
-    other = [p for p in profiles if args.workload and p.workload != args.workload]
-    if other:
+    workloads = sorted({p.workload for p in profiles})
+    if len(workloads) > 1 and not args.workload:
         raise ValueError(
-            f"--profiles {args.profiles!r} holds profiles of workload {other[0].workload!r}, "
+            f"--profiles {args.profiles!r} mixes workloads {', '.join(workloads)}: name the "
+            "one to predict with --workload"
+        )
+    profiles = [p for p in profiles if not args.workload or p.workload == args.workload]
+    other = [w for w in workloads if args.workload and w != args.workload]
+    if other and not profiles:
+        raise ValueError(
+            f"--profiles {args.profiles!r} holds profiles of workload {other[0]!r}, "
             f"not --workload {args.workload!r}: profile that workload or drop --workload"
         )
     unknown = sorted(set(args.profile_map) - set(table))

@@ -159,7 +159,10 @@ def _efficiency(
             ratios.append(roofline.beta(device) / measured.beta)
     if not ratios:
         return UNCALIBRATED_EFFICIENCY, "uncalibrated"
-    return min(1.0, median(ratios)), f"calibrated on {kind} profiles"
+    ratio = median(ratios)
+    # Faster than the peak roofline: the FLOP or byte counts are too high for these profiles.
+    capped = ", capped: profiles beat the peak" if ratio > 1 else ""
+    return min(1.0, ratio), f"calibrated on {kind} profiles{capped}"
 
 
 @dataclass(frozen=True)

@@ -180,12 +180,35 @@ def test_the_cli_prints_a_scaling_table_and_plot(capsys, tmp_path):
         (["--cluster", "4x h100", "--profiles", FIXTURE, "--workload", "other"],
          "profiles of workload 'patch-cnn'"),
         (["--cluster", "4x h100", "--profiles", FIXTURE], "--gradient-bytes is required"),
+        (["--cluster", "65x h100", "--policy", "equal"], "smaller than 65 devices"),
+        (["--cluster", "4x h100", "--flops-per-sample", "1e9", "--gradient-bytes", "0",
+          "--scaling", "weak"], "--scaling weak needs --batch-per-device"),
         (["--cluster", "4x h100", "--profiles", FIXTURE, "--profile-map", "x1=cuda"],
          "unknown device 'x1'"),
     ],
 )  # fmt: skip
 def test_each_bad_input_is_one_line(capsys, argv, message):
+    if "--flops-per-sample" not in argv and "--profiles" not in argv:
+        argv = [*argv, "--flops-per-sample", "1e9", "--gradient-bytes", "0"]
     code, out, err = _cli(capsys, *argv, "--global-batch", "64")
     assert code == 2
     assert out == ""
     assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_profiles_of_two_workloads_need_workload(capsys, tmp_path):
+    import json
+
+    data = json.loads(open(FIXTURE, encoding="utf-8").read())
+    data["profiles"][0]["workload"] = "other"
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps(data), encoding="utf-8")
+    argv = ["--cluster", "4x h100", "--profiles", str(mixed), "--gradient-bytes", "1e6"]
+    code, _, err = _cli(capsys, *argv, "--global-batch", "64")
+    assert code == 2 and "mixes workloads other, patch-cnn" in err
+    # Naming one keeps only its profiles: the H100 profile was the other workload's.
+    code, out, err = _cli(capsys, *argv, "--global-batch", "64", "--workload", "other")
+    assert code == 0, err
+    assert "median of 1 profile(s)" in out
+    code, _, err = _cli(capsys, *argv, "--global-batch", "64", "--workload", "patch-cnn")
+    assert code == 2 and "device 'h100' has no matching profile" in err
