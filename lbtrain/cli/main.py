@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import IO, Any, NoReturn, TextIO
 
 import lbtrain
-from lbtrain.cli import balance_report, compare, env, profile, show, train
+from lbtrain.cli import balance_report, compare, env, profile, show, train, whatif
 from lbtrain.cli.common import USER_ERRORS, CLIError, CollectiveError
 from lbtrain.cli.launcher import launcher_rank
 from lbtrain.comm import Communicator, launched_by_torchrun, world_communicator
@@ -26,7 +26,7 @@ from lbtrain.workloads import get_plugin
 
 __all__ = ["build_parser", "main"]
 
-VERBS = (train, profile, balance_report, show, compare, env)
+VERBS = (train, profile, balance_report, show, compare, whatif, env)
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """Analytical what-if models of distributed training on clusters one does not have.
 
-Pure numpy (no torch): allreduce cost models (`network`), a device table (`devices`) and
-cluster/network specs (`cluster`). Units are SI: seconds, bytes, bytes/s, FLOP/s.
+Pure numpy (no torch): allreduce cost models (`network`), a device table (`devices`),
+cluster/network specs (`cluster`) and the predicted step of a cluster (`predict`).
+Units are SI: seconds, bytes, bytes/s, FLOP/s.
 """
 
 from lbtrain.whatif.cluster import (
@@ -13,6 +14,16 @@ from lbtrain.whatif.cluster import (
 )
 from lbtrain.whatif.devices import BUILTIN_DEVICES, DeviceSpec, load_device_table
 from lbtrain.whatif.network import ALGORITHMS, Best, Link, best, hierarchical
+from lbtrain.whatif.predict import (
+    GroupPrediction,
+    Prediction,
+    Roofline,
+    ScalingRow,
+    SpeedModel,
+    predict,
+    scaling,
+    speed_models,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -21,11 +32,19 @@ __all__ = [
     "Cluster",
     "DeviceGroup",
     "DeviceSpec",
+    "GroupPrediction",
     "Link",
     "Network",
+    "Prediction",
+    "Roofline",
+    "ScalingRow",
+    "SpeedModel",
     "best",
     "hierarchical",
     "load_device_table",
     "parse_cluster",
     "parse_network",
+    "predict",
+    "scaling",
+    "speed_models",
 ]

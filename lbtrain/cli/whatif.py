@@ -1,0 +1,261 @@
+"""`lbtrain what-if`: the predicted step of a cluster one does not have (issue 22)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from lbtrain.balancer import POLICIES
+from lbtrain.cli.common import check_plot_path, non_negative_int, positive_float, positive_int
+from lbtrain.comm import Communicator
+from lbtrain.outputs import atomic_write
+from lbtrain.profiling import load_profiles
+from lbtrain.report import require_matplotlib
+from lbtrain.whatif.cluster import Cluster, Network, parse_cluster, parse_network
+from lbtrain.whatif.devices import BUILTIN_DEVICES, load_device_table
+from lbtrain.whatif.predict import (
+    Prediction,
+    Roofline,
+    ScalingRow,
+    SpeedModel,
+    predict,
+    scaling,
+    speed_models,
+)
+
+__all__ = ["add_parser", "run"]
+
+# NVLink-class links inside a node, 100 Gb/s-class Ethernet/InfiniBand between nodes.
+DEFAULT_NETWORK = "intra=900GB/s,5us; inter=100Gb/s,2us"
+
+DESCRIPTION = f"""\
+Predict one training step on a cluster you do not have: each device is one replica whose
+step is alpha + beta x batch seconds, from --profiles where one matches it (GPU names match
+cuda profiles whose device name holds them, cpu-core matches cpu profiles, beta x threads),
+else a roofline on --flops-per-sample and --bytes-per-sample at a fraction of the device's
+peak (calibrated by any profile of its kind, else 50%). The global batch is planned by
+--policy; the gradient sync is a hierarchical allreduce (intra-node, then inter-node, the
+fastest of ring, recursive doubling, binomial tree and Rabenseifner at each level). Needs no
+launcher, e.g.
+
+  lbtrain what-if --cluster "4x h100, 64x cpu-core@16" --global-batch 4096 \\
+      --flops-per-sample 1.2e9 --bytes-per-sample 3e6 --gradient-bytes 100e6
+
+Devices: {", ".join(sorted(BUILTIN_DEVICES))} (more with --devices-file). Not built yet:
+FLOPs counted from a workload's model, validation against runs, spatial and pipeline
+parallelism.
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register the `what-if` verb."""
+    parser = subparsers.add_parser(
+        "what-if",
+        help="predict step time and throughput on a cluster you do not have",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--cluster", required=True, help='devices, e.g. "4x h100, 64x cpu-core@16" (@ per node)')
+    add("--network", default=DEFAULT_NETWORK, help=f'links (default "{DEFAULT_NETWORK}")')
+    add("--global-batch", type=positive_int, help="samples per step (all but --scaling weak)")
+    add("--policy", choices=POLICIES, default="cost", help="batch sharing (default cost)")
+    add("--min-batch", type=non_negative_int, default=0, help="least batch a device gets")
+    add("--profiles", help="profiles file of `lbtrain profile`: measured alpha and beta")
+    add("--workload", help="refuse profiles of any other workload")
+    add("--profile-map", type=_profile_map, default={}, metavar="NAME=KEY[,...]",
+        help="NAME takes the profiles of device kind KEY, or whose name holds KEY")  # fmt: skip
+    add("--devices-file", help="TOML/JSON table of more devices (SI units)")
+    add("--flops-per-sample", type=positive_float, help="FLOP of one sample's training step")
+    add("--bytes-per-sample", type=positive_float, help="memory bytes moved per sample's step")
+    add("--gradient-bytes", type=_bytes, help="bytes allreduced per step (default: profiles')")
+    add("--scaling", choices=("strong", "weak"), help="also print a scaling table")
+    add("--max-devices", type=positive_int, default=64, help="scaling up to N devices (64)")
+    add("--batch-per-device", type=positive_int, help="per-device batch of --scaling weak")
+    add("--plot", help="write the scaling table as an image (needs matplotlib)")
+    parser.set_defaults(run=run)
+    return parser
+
+
+def _profile_map(text: str) -> dict[str, str]:
+    pairs = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, key = part.partition("=")
+        if not sep or not name.strip() or not key.strip():
+            raise argparse.ArgumentTypeError(f"--profile-map part {part!r}: write NAME=KEY")
+        pairs[name.strip().lower()] = key.strip()
+    return pairs
+
+
+def _bytes(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gradient-bytes {text!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"--gradient-bytes {text!r} must be >= 0")
+    return int(value)
+
+
+def run(args: argparse.Namespace, comm: Communicator) -> int:
+    """Check every input, predict, and print on rank 0 (one process does the arithmetic)."""
+    if comm.rank != 0:
+        return 0
+    cluster, network, speeds, gradient_bytes = _inputs(args)
+    if args.plot:
+        require_matplotlib()
+        check_plot_path(args.plot)
+    if args.scaling == "weak" and args.batch_per_device is None:
+        raise ValueError("--scaling weak needs --batch-per-device")
+    if args.scaling != "weak" and args.global_batch is None:
+        raise ValueError("--global-batch is required (the samples of one step)")
+    if args.global_batch is not None:
+        result = predict(
+            cluster, network, speeds, args.global_batch, args.policy, gradient_bytes,
+            args.min_batch,
+        )  # fmt: skip
+        print(format_prediction(cluster, network, result, gradient_bytes))
+    if args.scaling:
+        device = cluster.groups[0]
+        weak = args.scaling == "weak"
+        batch = args.batch_per_device if weak else args.global_batch
+        counts = _counts(args.max_devices)
+        rows = scaling(
+            device.device, counts, network, speeds, batch, weak, gradient_bytes, device.per_node
+        )
+        print(format_scaling(device.device.name, args.scaling, batch, rows))
+        if args.plot:
+            path = atomic_write(args.plot, lambda tmp: _plot(rows, args.scaling, tmp))
+            print(f"\nplot written to {path}")
+    return 0
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Cluster, Network, dict[str, SpeedModel], int]:
+    """Every bad input as one line, before any prediction."""
+    table = BUILTIN_DEVICES if args.devices_file is None else load_device_table(args.devices_file)
+    cluster = parse_cluster(args.cluster, table)
+    network = parse_network(args.network)
+    profiles = [] if args.profiles is None else load_profiles(args.profiles)
+    workloads = sorted({p.workload for p in profiles})
+    if len(workloads) > 1 and not args.workload:
+        raise ValueError(
+            f"--profiles {args.profiles!r} mixes workloads {', '.join(workloads)}: name the "
+            "one to predict with --workload"
+        )
+    profiles = [p for p in profiles if not args.workload or p.workload == args.workload]
+    other = [w for w in workloads if args.workload and w != args.workload]
+    if other and not profiles:
+        raise ValueError(
+            f"--profiles {args.profiles!r} holds profiles of workload {other[0]!r}, "
+            f"not --workload {args.workload!r}: profile that workload or drop --workload"
+        )
+    unknown = sorted(set(args.profile_map) - set(table))
+    if unknown:
+        raise ValueError(f"--profile-map names unknown device {unknown[0]!r}")
+    roofline = None
+    if args.flops_per_sample or args.bytes_per_sample:
+        roofline = Roofline(args.flops_per_sample or 0.0, args.bytes_per_sample or 0.0)
+    devices = [group.device for group in cluster.groups]
+    speeds = speed_models(devices, profiles, roofline, args.profile_map, table.values())
+    return cluster, network, speeds, _gradient_bytes(args, profiles)
+
+
+def _gradient_bytes(args: argparse.Namespace, profiles: list[Any]) -> int:
+    if args.gradient_bytes is not None:
+        return args.gradient_bytes
+    measured = [p.sync_bytes for p in profiles if p.sync_bytes is not None]
+    if not measured:
+        raise ValueError(
+            "--gradient-bytes is required: the profiles (if any) record no sync bytes; give "
+            "the model's gradient size, e.g. 4 x its parameters for FP32"
+        )
+    return int(median(measured))
+
+
+def _counts(largest: int) -> list[int]:
+    counts = [1 << k for k in range(largest.bit_length()) if 1 << k <= largest]
+    return counts if counts[-1] == largest else [*counts, largest]
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.3f}"
+
+
+def _rate(value: float, unit: str) -> str:
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= scale:
+            return f"{value / scale:g} {prefix}{unit}"
+    return f"{value:g} {unit}"
+
+
+def format_prediction(
+    cluster: Cluster, network: Network, result: Prediction, gradient_bytes: int
+) -> str:
+    """The plan per device group and the step's totals, in ms and samples/s."""
+    intra, inter = network.intra, network.inter
+    lines = [
+        f"what-if: {cluster.devices:,} devices on {cluster.nodes:,} nodes, policy "
+        f"{result.policy}, global batch {result.global_batch:,}",
+        f"network: intra {_rate(intra.beta, 'B/s')}, {intra.alpha * 1e6:g} us; inter "
+        f"{_rate(inter.beta, 'B/s')}, {inter.alpha * 1e6:g} us; gradient "
+        f"{_rate(gradient_bytes, 'B')}",
+        "",
+        f"{'device':<12}{'count':>8}{'batch each':>12}{'zero':>8}{'compute ms':>12}"
+        f"{'idle ms':>10}  speed model",
+    ]
+    for g in result.groups:
+        each = str(g.batch_max) if g.batch_min == g.batch_max else f"{g.batch_min}-{g.batch_max}"
+        model = (
+            f"{1e3 * g.speed.alpha:.4g} ms + {1e3 * g.speed.beta:.4g} ms/sample, {g.speed.source}"
+        )
+        lines.append(
+            f"{g.name:<12}{g.count:>8,}{each:>12}{g.zero:>8,}{_ms(g.compute):>12}"
+            f"{_ms(g.idle):>10}  {model}"
+        )
+    lines += [
+        "",
+        f"sync        {_ms(result.sync)} ms ({result.sync_algorithm})",
+        f"step        {_ms(result.step)} ms (compute {_ms(result.compute)} ms + sync)",
+        f"throughput  {result.throughput:,.0f} samples/s",
+        f"ideal step  {_ms(result.ideal_step)} ms; the plan reaches {result.efficiency:.1%} of it",
+    ]
+    return "\n".join(lines)
+
+
+def format_scaling(name: str, kind: str, batch: int, rows: list[ScalingRow]) -> str:
+    """The scaling table: devices, step, throughput, speedup and efficiency against one."""
+    what = f"global batch {batch:,}" if kind == "strong" else f"{batch:,} samples per device"
+    lines = [
+        "",
+        f"{kind} scaling of {name} ({what}; speedup against 1 device):",
+        f"{'devices':>8}{'batch':>10}{'step ms':>12}{'samples/s':>14}{'speedup':>9}"
+        f"{'efficiency':>12}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.devices:>8,}{r.global_batch:>10,}{_ms(r.step):>12}{r.throughput:>14,.0f}"
+            f"{r.speedup:>9.2f}{r.efficiency:>12.1%}"
+        )
+    return "\n".join(lines)
+
+
+def _plot(rows: list[ScalingRow], kind: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: never needs a display
+    import matplotlib.pyplot as plt
+
+    devices = [r.devices for r in rows]
+    figure, axis = plt.subplots(figsize=(5, 4))
+    axis.plot(devices, [r.speedup for r in rows], marker="o", label="predicted")
+    axis.plot(devices, devices, linestyle="--", color="gray", label="perfect")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log", base=2)
+    axis.set(xlabel="devices", ylabel="speedup", title=f"{kind} scaling (what-if)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)

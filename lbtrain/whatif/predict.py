@@ -1,0 +1,320 @@
+"""Predicted step time of a cluster one does not have: per-device speeds, the plan, the sync.
+
+Each device of a `Cluster` is one replica (one rank). Its speed model is
+``t(b) = alpha + beta * b`` seconds, from one of two sources:
+
+1. **Profiles** (`lbtrain profile`): a device takes the median alpha and beta of the profiles
+   that match it. By default a GPU device matches the ``cuda`` profiles whose device name
+   contains the device's name (``h100`` matches ``NVIDIA H100 80GB HBM3``) and ``cpu-core``
+   matches every ``cpu`` profile, whose beta is multiplied by its threads (a profile of t
+   threads stands for t cores; one core is taken as t times slower, which ignores
+   sub-linear thread scaling). `profile_map` replaces the default for a device name: its
+   key matches a profile's device kind exactly or its device name as a substring.
+2. **Roofline** otherwise: ``beta = max(flops_per_sample / flops, bytes_per_sample /
+   memory_bandwidth) / efficiency`` on the device's peak figures, and alpha the median alpha
+   of the profiles of its kind (0 without any). The efficiency of a kind is calibrated as
+   the median, over the table devices of that kind with matching profiles, of
+   ``roofline beta at efficiency 1 / measured beta``; without such a profile it is
+   `UNCALIBRATED_EFFICIENCY` (0.5, an assumption, not a measurement).
+
+Pure Python and numpy, no torch; SI units (seconds, bytes, FLOP).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+from lbtrain.balancer.rounding import water_fill
+from lbtrain.whatif.cluster import Cluster, Network
+from lbtrain.whatif.devices import DeviceSpec
+from lbtrain.whatif.grouped import grouped_plan
+from lbtrain.whatif.network import hierarchical
+
+__all__ = [
+    "UNCALIBRATED_EFFICIENCY",
+    "GroupPrediction",
+    "Prediction",
+    "Roofline",
+    "ScalingRow",
+    "SpeedModel",
+    "predict",
+    "profile_matches",
+    "scaling",
+    "speed_models",
+]
+
+# The fraction of peak a device reaches when no profile calibrates its kind: an assumption.
+UNCALIBRATED_EFFICIENCY = 0.5
+_PROFILE_KIND = {"gpu": "cuda", "cpu": "cpu"}
+
+
+@dataclass(frozen=True)
+class SpeedModel:
+    """t(b) = alpha + beta * b seconds on one device; `source` says where it comes from."""
+
+    alpha: float
+    beta: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Work of one training sample (forward and backward): FLOP and bytes of memory traffic."""
+
+    flops_per_sample: float = 0.0
+    bytes_per_sample: float = 0.0
+
+    def __post_init__(self) -> None:
+        for key in ("flops_per_sample", "bytes_per_sample"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{key}={value!r} must be a finite number >= 0")
+        if self.flops_per_sample == 0 and self.bytes_per_sample == 0:
+            raise ValueError("a roofline needs flops_per_sample or bytes_per_sample > 0")
+
+    def beta(self, device: DeviceSpec, efficiency: float = 1.0) -> float:
+        """Seconds per sample at `efficiency` of the device's peak (the slower roof)."""
+        bound = max(
+            self.flops_per_sample / device.flops,
+            self.bytes_per_sample / device.memory_bandwidth,
+        )
+        return bound / efficiency
+
+
+def profile_matches(device: DeviceSpec, profile: Any, key: str | None = None) -> bool:
+    """Whether `profile` (a ReplicaProfile) measures `device` (rule in the module docstring)."""
+    kind = str(profile.device_kind).lower()
+    name = str(profile.device_name).lower()
+    if key is not None:
+        return kind == key.lower() or key.lower() in name
+    if kind != _PROFILE_KIND[device.kind]:
+        return False
+    return device.kind == "cpu" or device.name.replace("-", " ") in name.replace("-", " ")
+
+
+def _measured(device: DeviceSpec, profiles: Sequence[Any], key: str | None) -> SpeedModel | None:
+    matched = [p for p in profiles if profile_matches(device, p, key)]
+    if not matched:
+        return None
+    # A CPU profile of t threads stands for t one-core replicas of a cpu-core device.
+    scale = [max(1, int(p.threads)) if device.kind == "cpu" and key is None else 1 for p in matched]
+    beta = median(p.beta * s for p, s in zip(matched, scale, strict=True))
+    return SpeedModel(
+        median(p.alpha for p in matched), beta, f"median of {len(matched)} profile(s)"
+    )
+
+
+def speed_models(
+    devices: Iterable[DeviceSpec],
+    profiles: Sequence[Any] = (),
+    roofline: Roofline | None = None,
+    profile_map: Mapping[str, str] | None = None,
+    table: Iterable[DeviceSpec] = (),
+) -> dict[str, SpeedModel]:
+    """A speed model for each of `devices`, by name (rules in the module docstring).
+
+    `table` adds devices (the whole device table) whose profiles calibrate the roofline.
+    Raises a one-line ValueError naming a device with neither a profile nor a roofline.
+    """
+    keys = {k.lower(): v for k, v in (profile_map or {}).items()}
+    devices = list(devices)
+    models: dict[str, SpeedModel] = {}
+    for device in devices:
+        measured = _measured(device, profiles, keys.get(device.name))
+        if measured is not None:
+            models[device.name] = measured
+    for device in devices:
+        if device.name in models:
+            continue
+        if roofline is None:
+            raise ValueError(
+                f"device {device.name!r} has no matching profile and no roofline: give "
+                "--profiles of it (or --profile-map), or --flops-per-sample/--bytes-per-sample"
+            )
+        efficiency, how = _efficiency(device.kind, [*devices, *table], profiles, keys, roofline)
+        kind_alphas = [
+            p.alpha for p in profiles if str(p.device_kind).lower() == _PROFILE_KIND[device.kind]
+        ]
+        alpha = median(kind_alphas) if kind_alphas else 0.0
+        source = f"roofline at {efficiency:.0%} of peak, {how}"
+        models[device.name] = SpeedModel(alpha, roofline.beta(device, efficiency), source)
+    return models
+
+
+def _efficiency(
+    kind: str,
+    devices: Sequence[DeviceSpec],
+    profiles: Sequence[Any],
+    keys: Mapping[str, str],
+    roofline: Roofline,
+) -> tuple[float, str]:
+    ratios = []
+    for device in {d.name: d for d in devices if d.kind == kind}.values():
+        measured = _measured(device, profiles, keys.get(device.name))
+        if measured is not None:
+            ratios.append(roofline.beta(device) / measured.beta)
+    if not ratios:
+        return UNCALIBRATED_EFFICIENCY, "uncalibrated"
+    ratio = median(ratios)
+    # Faster than the peak roofline: the FLOP or byte counts are too high for these profiles.
+    capped = ", capped: profiles beat the peak" if ratio > 1 else ""
+    return min(1.0, ratio), f"calibrated on {kind} profiles{capped}"
+
+
+@dataclass(frozen=True)
+class GroupPrediction:
+    """One cluster entry's share of the step."""
+
+    name: str
+    count: int
+    batch_min: int
+    batch_max: int
+    zero: int
+    compute: float  # slowest device of the group, seconds
+    idle: float  # least wait of a device of the group for the slowest device overall
+    speed: SpeedModel
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One synchronous step on a cluster: compute, then a hierarchical allreduce."""
+
+    policy: str
+    global_batch: int
+    groups: tuple[GroupPrediction, ...]
+    compute: float
+    sync: float
+    sync_algorithm: str
+    ideal_compute: float
+
+    @property
+    def step(self) -> float:
+        """Seconds per step: the slowest device's compute, then the sync."""
+        return self.compute + self.sync
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second."""
+        return self.global_batch / self.step
+
+    @property
+    def ideal_step(self) -> float:
+        """The continuous optimum (zero shares allowed) plus the same sync."""
+        return self.ideal_compute + self.sync
+
+    @property
+    def efficiency(self) -> float:
+        """ideal step / predicted step, at most 1: what balancing leaves on the table."""
+        return self.ideal_step / self.step if self.step > 0 else 1.0
+
+
+def predict(
+    cluster: Cluster,
+    network: Network,
+    speeds: Mapping[str, SpeedModel],
+    global_batch: int,
+    policy: str = "cost",
+    gradient_bytes: int = 0,
+    min_batch: int = 0,
+) -> Prediction:
+    """Plan `global_batch` over every device of `cluster` and predict one step.
+
+    Each device is a replica with its kind's speed model (`speeds`, by device name); the
+    sync is `hierarchical` over `cluster.max_per_node` ranks per node, every device taking
+    part (idle ones add zeros), as `plan_batches` models it. The plan is `plan_batches`'s,
+    computed per group of identical devices (`lbtrain.whatif.grouped`): 100,000 devices
+    cost no more than a handful of groups.
+    """
+    missing = [g.device.name for g in cluster.groups if g.device.name not in speeds]
+    if missing:
+        raise ValueError(f"no speed model for device {missing[0]!r}")
+    sync = hierarchical(
+        gradient_bytes, cluster.devices, cluster.max_per_node, network.intra, network.inter
+    )
+    models = [speeds[g.device.name] for g in cluster.groups]
+    counts = [g.count for g in cluster.groups]
+    alphas, betas = [s.alpha for s in models], [s.beta for s in models]
+    shares = grouped_plan(counts, alphas, betas, global_batch, policy, min_batch)
+    slowest = [
+        s.alpha + s.beta * x.batch_max if x.batch_max else 0.0
+        for s, x in zip(models, shares, strict=True)
+    ]
+    compute = max(slowest)
+    groups = tuple(
+        GroupPrediction(
+            g.device.name,
+            g.count,
+            x.batch_min,
+            x.batch_max,
+            0 if x.batch_min else g.count - x.extra,
+            t,
+            compute - t,
+            s,
+        )
+        for g, s, x, t in zip(cluster.groups, models, shares, slowest, strict=True)
+    )
+    ideal = _ideal_compute(counts, alphas, betas, global_batch)
+    return Prediction(
+        policy, global_batch, groups, compute, float(sync.seconds), str(sync.algorithm),
+        min(ideal, compute),
+    )  # fmt: skip
+
+
+def _ideal_compute(
+    counts: Sequence[int], alphas: Sequence[float], betas: Sequence[float], total: int
+) -> float:
+    """T*: the continuous water-filling optimum, one entry per group (devices of a group
+    are identical, so a group of n devices is one device n times as fast at the same alpha)."""
+    group_betas = [b / n for b, n in zip(betas, counts, strict=True)]
+    count = len(counts)
+    shares = water_fill(total, alphas, group_betas, [0] * count, [math.inf] * count)
+    return max(a + b * x for a, b, x in zip(alphas, group_betas, shares, strict=True) if x > 0)
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    """One row of a scaling table."""
+
+    devices: int
+    global_batch: int
+    step: float
+    throughput: float
+    speedup: float  # throughput over one device's
+
+    @property
+    def efficiency(self) -> float:
+        """speedup / devices (1 is perfect scaling)."""
+        return self.speedup / self.devices
+
+
+def scaling(
+    device: DeviceSpec,
+    counts: Sequence[int],
+    network: Network,
+    speeds: Mapping[str, SpeedModel],
+    batch: int,
+    weak: bool = False,
+    gradient_bytes: int = 0,
+    per_node: int | None = None,
+) -> list[ScalingRow]:
+    """Strong scaling (global batch `batch` fixed) or weak (`batch` per device) over `counts`
+    devices of one kind, `per_node` to a node (default: the kind's), against one device."""
+    from lbtrain.whatif.cluster import DEFAULT_PER_NODE, DeviceGroup
+
+    node = per_node or DEFAULT_PER_NODE[device.kind]
+
+    def run(n: int) -> Prediction:
+        cluster = Cluster((DeviceGroup(n, device, node),))
+        total = batch * n if weak else batch
+        return predict(cluster, network, speeds, total, "cost", gradient_bytes)
+
+    base = run(1).throughput
+    rows = []
+    for n in counts:
+        p = run(n)
+        rows.append(ScalingRow(n, p.global_batch, p.step, p.throughput, p.throughput / base))
+    return rows
