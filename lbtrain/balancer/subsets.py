@@ -78,7 +78,8 @@ def best_subset(
         if best is not None and bound > best.step:
             break  # the rest are bounded above this too: sorted by bound
         prediction = _predict(replicas, order, -negative, total, comm)
-        if best is None or (prediction.step, -negative) < (best.step, -len(best.ranks)):
+        # The old order: the smaller step, then (a tie) the larger subset.
+        if best is None or (prediction.step, negative) < (best.step, -len(best.ranks)):
             best = prediction
     return best
 

@@ -105,6 +105,11 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     if comm.rank != 0:
         return 0
     cluster, network, speeds, gradient_bytes = _inputs(args)
+    if args.plot and not args.scaling:
+        raise ValueError(
+            f"--plot {args.plot!r} draws the scaling table: add --scaling strong or weak, or "
+            "drop --plot"
+        )
     if args.plot:
         require_matplotlib()
         check_plot_path(args.plot)

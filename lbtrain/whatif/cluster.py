@@ -47,7 +47,9 @@ _BANDWIDTH_UNITS = {
     "Kb/s": 1e3 / 8, "Mb/s": 1e6 / 8, "Gb/s": 1e9 / 8, "Tb/s": 1e12 / 8,
 }  # fmt: skip
 _LATENCY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_ENTRY = re.compile(r"^(?P<count>\S+?)\s*[x×]\s*(?P<device>[^@\s]+)\s*(?:@\s*(?P<per_node>\S+))?$")
+_ENTRY = re.compile(
+    r"^(?P<count>\S+?)\s*[x×]\s*(?P<device>[^@\s]+)\s*(?:@\s*(?P<per_node>\S+))?$", re.IGNORECASE
+)
 _QUANTITY = re.compile(r"^(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<unit>\S+)$")
 
 

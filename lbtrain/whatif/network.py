@@ -172,11 +172,19 @@ def broadcast(n: ArrayLike, p: ArrayLike, link: Link) -> Seconds:
     return _out(np.minimum(tree, scatter_allgather))
 
 
-def hierarchical(n: ArrayLike, p: ArrayLike, per_node: ArrayLike, intra: Link, inter: Link) -> Best:
+def hierarchical(
+    n: ArrayLike,
+    p: ArrayLike,
+    per_node: ArrayLike,
+    intra: Link,
+    inter: Link,
+    nodes: ArrayLike | None = None,
+) -> Best:
     """Two-level allreduce over nodes of `per_node` ranks (the last node may hold fewer).
 
     1. the ranks of each node allreduce over `intra` (``g = min(per_node, p)`` ranks);
-    2. one leader per node allreduces over `inter` (``ceil(p / per_node)`` leaders);
+    2. one leader per node allreduces over `inter` (`nodes` leaders: default
+       ``ceil(p / per_node)``; a cluster whose entries fill nodes of their own has more);
     3. each leader broadcasts the result over `intra` (skipped when there is one node).
 
     Each level uses its fastest algorithm (`best`, `broadcast`); the nodes run in parallel,
@@ -188,7 +196,7 @@ def hierarchical(n: ArrayLike, p: ArrayLike, per_node: ArrayLike, intra: Link, i
     if np.any(~(g_arr >= 1)) or np.any(g_arr != np.floor(g_arr)):
         raise ValueError("ranks per node must be whole numbers >= 1")
     g = np.minimum(g_arr, p_arr)
-    nodes = np.ceil(p_arr / g_arr)
+    nodes = np.ceil(p_arr / g_arr) if nodes is None else np.asarray(nodes, dtype=np.float64)
     inside = best(n_arr, g, intra)
     across = best(n_arr, nodes, inter)
     spread = np.where(nodes > 1, broadcast(n_arr, g, intra), 0.0)

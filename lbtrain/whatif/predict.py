@@ -60,6 +60,17 @@ class SpeedModel:
     beta: float
     source: str
 
+    def __post_init__(self) -> None:
+        # 1/beta is a throughput the planner divides by: a beta that underflows it (a
+        # roofline of 1e-300 FLOP a sample) is refused here, not a ZeroDivisionError later.
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise ValueError(f"{self.source}: fixed cost alpha={self.alpha!r} s must be >= 0")
+        if not (self.beta > 0 and math.isfinite(1.0 / self.beta) and 1.0 / self.beta < 1e300):
+            raise ValueError(
+                f"{self.source}: beta={self.beta!r} s per sample is no speed (it must be > 0 "
+                "and give a finite throughput); check the FLOPs or bytes per sample"
+            )
+
 
 @dataclass(frozen=True)
 class Roofline:
@@ -101,7 +112,9 @@ def _measured(device: DeviceSpec, profiles: Sequence[Any], key: str | None) -> S
     if not matched:
         return None
     # A CPU profile of t threads stands for t one-core replicas of a cpu-core device.
-    scale = [max(1, int(p.threads)) if device.kind == "cpu" and key is None else 1 for p in matched]
+    # Under --profile-map too: the same profiles must give the same core, however matched.
+    scale = [max(1, int(p.threads)) if device.kind == "cpu" and p.device_kind == "cpu" else 1
+             for p in matched]  # fmt: skip
     beta = median(p.beta * s for p, s in zip(matched, scale, strict=True))
     return SpeedModel(
         median(p.alpha for p in matched), beta, f"median of {len(matched)} profile(s)"
@@ -224,16 +237,22 @@ def predict(
     """Plan `global_batch` over every device of `cluster` and predict one step.
 
     Each device is a replica with its kind's speed model (`speeds`, by device name); the
-    sync is `hierarchical` over `cluster.max_per_node` ranks per node, every device taking
-    part (idle ones add zeros), as `plan_batches` models it. The plan is `plan_batches`'s,
-    computed per group of identical devices (`lbtrain.whatif.grouped`): 100,000 devices
-    cost no more than a handful of groups.
+    sync is `hierarchical` over the cluster's nodes (the fullest node sets the intra-node
+    time), every device taking part (idle ones add zeros), as `plan_batches` models it.
+    The plan is that of `plan_batches` on replicas of throughput 1/beta and no caps, computed
+    per group of identical devices (`lbtrain.whatif.grouped`): 100,000 devices cost no more
+    than a handful of groups.
     """
     missing = [g.device.name for g in cluster.groups if g.device.name not in speeds]
     if missing:
         raise ValueError(f"no speed model for device {missing[0]!r}")
     sync = hierarchical(
-        gradient_bytes, cluster.devices, cluster.max_per_node, network.intra, network.inter
+        gradient_bytes,
+        cluster.devices,
+        cluster.max_per_node,
+        network.intra,
+        network.inter,
+        nodes=cluster.nodes,  # entries fill nodes of their own: more leaders than p / g
     )
     models = [speeds[g.device.name] for g in cluster.groups]
     counts = [g.count for g in cluster.groups]

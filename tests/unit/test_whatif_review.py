@@ -1,0 +1,67 @@
+"""What a review of the first what-if slice found, kept fixed: the best subset's tie-break,
+the nodes of a cluster whose entries fill their own, spec case, CPU thread scaling under
+--profile-map, a roofline too fast to be a speed, and a --plot with nothing to draw."""
+
+from __future__ import annotations
+
+import pytest
+
+from lbtrain import SingleProcessCommunicator
+from lbtrain.balancer import CommCost, ReplicaSpeed
+from lbtrain.balancer.subsets import best_subset
+from lbtrain.cli.main import main
+from lbtrain.profiling import load_profiles
+from lbtrain.whatif.cluster import parse_cluster, parse_network
+from lbtrain.whatif.devices import BUILTIN_DEVICES
+from lbtrain.whatif.network import hierarchical
+from lbtrain.whatif.predict import SpeedModel, predict, speed_models
+
+FIXTURE = "tests/fixtures/profiles_gpu_cpu.json"
+
+
+def test_a_tie_keeps_the_larger_subset_as_the_old_advice_did():
+    # Both subsets step 2.0 s: one rank alone (no sync), or both (1 s each plus 1 s sync).
+    chosen = best_subset([ReplicaSpeed(1.0, 0.0, 1.0)] * 2, 2, CommCost(1.0, 1))
+    assert chosen is not None and tuple(chosen.ranks) == (0, 1) and chosen.step == 2.0
+
+
+def test_entries_that_fill_nodes_of_their_own_count_every_node_in_the_sync():
+    cluster = parse_cluster("9x h100, 9x a100")
+    assert cluster.nodes == 4 and cluster.max_per_node == 8
+    network = parse_network("intra=900GB/s,5us; inter=1Gb/s,2us")
+    speeds = {name: SpeedModel(0.0, 1e-3, "test") for name in ("h100", "a100")}
+    found = predict(cluster, network, speeds, 180, "cost", 1e8)
+    four = hierarchical(1e8, 18, 8, network.intra, network.inter, nodes=4).seconds
+    three = hierarchical(1e8, 18, 8, network.intra, network.inter).seconds
+    assert found.sync == pytest.approx(four) and four > three
+
+
+def test_a_cluster_spec_is_case_insensitive():
+    assert parse_cluster("4X H100").devices == parse_cluster("4x h100").devices == 4
+
+
+def test_cpu_profiles_give_the_same_core_whether_matched_by_default_or_by_map():
+    profiles = load_profiles(FIXTURE)
+    core = [BUILTIN_DEVICES["cpu-core"]]
+    default = speed_models(core, profiles)["cpu-core"]
+    mapped = speed_models(core, profiles, profile_map={"cpu-core": "cpu"})["cpu-core"]
+    assert mapped.beta == pytest.approx(default.beta)
+
+
+def test_a_speed_too_fast_to_be_one_is_refused_in_one_line(capsys):
+    with pytest.raises(ValueError, match="no speed"):
+        SpeedModel(0.0, 1e-320, "roofline")
+    argv = ["what-if", "--cluster", "4x h100", "--global-batch", "64", "--gradient-bytes",
+            "1e6", "--flops-per-sample", "1e-300"]  # fmt: skip
+    assert main(argv, comm=SingleProcessCommunicator()) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "no speed" in err and "Traceback" not in err, err
+
+
+def test_a_plot_without_a_scaling_table_is_refused(capsys, tmp_path):
+    argv = ["what-if", "--cluster", "4x h100", "--global-batch", "64", "--gradient-bytes",
+            "1e6", "--flops-per-sample", "1e9", "--plot", str(tmp_path / "s.png")]  # fmt: skip
+    assert main(argv, comm=SingleProcessCommunicator()) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "--scaling" in err, err
+    assert not (tmp_path / "s.png").exists()
