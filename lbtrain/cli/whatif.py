@@ -11,9 +11,9 @@ from typing import Any
 from lbtrain.balancer import POLICIES
 from lbtrain.cli.common import check_plot_path, non_negative_int, positive_float, positive_int
 from lbtrain.comm import Communicator
-from lbtrain.outputs import atomic_write
 from lbtrain.profiling import load_profiles
 from lbtrain.report import require_matplotlib
+from lbtrain.viz._deps import pyplot, save_figure
 from lbtrain.whatif.cluster import Cluster, Network, parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES, load_device_table
 from lbtrain.whatif.predict import (
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         )
         print(format_scaling(device.device.name, args.scaling, batch, rows))
         if args.plot:
-            path = atomic_write(args.plot, lambda tmp: _plot(rows, args.scaling, tmp))
+            path = _plot(rows, args.scaling, args.plot)
             print(f"\nplot written to {path}")
     return 0
 
@@ -247,12 +247,8 @@ def format_scaling(name: str, kind: str, batch: int, rows: list[ScalingRow]) -> 
     return "\n".join(lines)
 
 
-def _plot(rows: list[ScalingRow], kind: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: never needs a display
-    import matplotlib.pyplot as plt
-
+def _plot(rows: list[ScalingRow], kind: str, path: str) -> Path:
+    plt = pyplot()
     devices = [r.devices for r in rows]
     figure, axis = plt.subplots(figsize=(5, 4))
     axis.plot(devices, [r.speedup for r in rows], marker="o", label="predicted")
@@ -262,5 +258,4 @@ def _plot(rows: list[ScalingRow], kind: str, path: Path) -> None:
     axis.set(xlabel="devices", ylabel="speedup", title=f"{kind} scaling (what-if)")
     axis.legend()
     figure.tight_layout()
-    figure.savefig(path)
-    plt.close(figure)
+    return save_figure(figure, plt, path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lbtrain.outputs import atomic_write
 from lbtrain.report.model import BalanceReport
+from lbtrain.viz._deps import save_figure
 
 __all__ = ["plot_report", "require_matplotlib"]
 
@@ -73,10 +73,4 @@ def plot_report(report: BalanceReport, path: str | os.PathLike[str]) -> Path:
     axes[0][-1].legend(loc="upper right")
     figure.suptitle(f"lbtrain balance report, global batch {report.global_batch_size}")
     figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        # Through a temporary file of the same extension, as every output.
-        return atomic_write(path, lambda temporary: figure.savefig(temporary, dpi=120))
-    finally:
-        plt.close(figure)
+    return save_figure(figure, plt, path)
