@@ -71,11 +71,16 @@ def parse_int(name: str, minimum: int, *, optional: bool = False, odd: bool = Fa
     return convert
 
 
-def parse_float(name: str, low: float, high: float, *, low_open: bool) -> Callable:
-    """A converter to a number in [low, high), or (low, high) with ``low_open``."""
+def parse_float(
+    name: str, low: float, high: float, *, low_open: bool, optional: bool = False
+) -> Callable:
+    """A converter to a number in [low, high), or (low, high) with ``low_open`` (None allowed
+    if optional)."""
     interval = f"{'(' if low_open else '['}{low:g}, {high:g})"
 
-    def convert(value: Any) -> float:
+    def convert(value: Any) -> float | None:
+        if optional and is_none(value):
+            return None
         try:
             if isinstance(value, bool):
                 raise ValueError

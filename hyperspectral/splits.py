@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import ndimage
+
+from .disjoint import disjoint_parts
 
 __all__ = [
     "Split",
@@ -24,6 +25,7 @@ __all__ = [
     "make_split",
     "save_split",
     "load_split",
+    "split_counts",
 ]
 
 SPLIT_KINDS = ("random", "fixed", "disjoint")
@@ -38,12 +40,15 @@ class Split:
         test: sorted flat indices of test pixels.
         shape: (H, W) of the ground truth the indices refer to.
         meta: kind, seed and parameters, for reproducibility.
+        guard: sorted flat indices of labelled pixels left out of both (a disjoint split's
+            guard band); empty for the other kinds.
     """
 
     train: np.ndarray
     test: np.ndarray
     shape: tuple[int, int]
     meta: dict[str, Any] = field(default_factory=dict)
+    guard: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
 
 
 def _classes(gt: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -105,70 +110,46 @@ def fixed_split(gt: np.ndarray, per_class: int, seed: int = 0) -> Split:
     return _finish(gt, train, test, {"kind": "fixed", "per_class": per_class, "seed": seed})
 
 
-def disjoint_split(
-    gt: np.ndarray,
-    train_ratio: float,
-    patch_size: int,
-    seed: int = 0,
-    tile_size: int | None = None,
-) -> Split:
+def disjoint_split(gt: np.ndarray, train_ratio: float, patch_size: int, seed: int = 0) -> Split:
     """Spatially disjoint split: no training patch contains a test pixel.
 
-    The scene is cut into square tiles; tiles go to training (in seeded random order) while
-    that brings the classes they contain closer to ``train_ratio``, otherwise to testing.
-    Test pixels closer than ``patch_size // 2`` (Chebyshev distance) to any training pixel are
-    then dropped, so a training patch centred on any training pixel never covers a test pixel
-    and overlapping patches cannot leak test spectra into training.
+    Each class gives ``round(train_ratio * n)`` pixels (at least one) as a compact slice of
+    its area; labelled pixels within ``patch_size // 2`` (Chebyshev) of any training pixel
+    are neither trained nor tested (the guard band). A class too small to keep a test pixel
+    beyond it trains only, with a warning naming it (hyperspectral/disjoint.py says how).
 
     Args:
         gt: (H, W) labels, 0 = unlabelled.
-        train_ratio: target share of each class used for training, in (0, 1).
+        train_ratio: share of each class used for training, in (0, 1).
         patch_size: the odd patch size the model will use.
-        seed: random seed for the tile order.
-        tile_size: tile edge in pixels; default ``max(2 * patch_size, 8)``.
+        seed: random seed of the slicing directions.
+
+    Raises:
+        ValueError: bad arguments, or a guard band that leaves no test pixel at all.
     """
     if not 0.0 < train_ratio < 1.0:
         raise ValueError(f"train_ratio={train_ratio} must be in (0, 1), e.g. 0.1 for 10%")
     if patch_size < 1:
         raise ValueError(f"patch_size={patch_size} must be >= 1")
-    tile = tile_size or max(2 * patch_size, 8)
-    h, w = gt.shape
-    k = int(gt.max(initial=0))
-    totals = np.bincount(gt.ravel(), minlength=k + 1)[1:].astype(np.float64)
-    target = train_ratio * totals
-    have = np.zeros(k)
-    rng = np.random.default_rng(seed)
-    tiles = [(r, c) for r in range(0, h, tile) for c in range(0, w, tile)]
-    train_mask = np.zeros((h, w), dtype=bool)
-    for i in rng.permutation(len(tiles)):
-        r, c = tiles[i]
-        block = gt[r : r + tile, c : c + tile]
-        counts = np.bincount(block.ravel(), minlength=k + 1)[1:]
-        if counts.sum() == 0:
-            continue
-        # Weight by 1/total so small classes count as much as big ones.
-        gain = np.sum(counts * np.sign(target - have - counts / 2) / np.maximum(totals, 1))
-        if gain > 0:
-            train_mask[r : r + tile, c : c + tile] = True
-            have += counts
-    labelled = gt > 0
-    train_mask &= labelled
-    radius = patch_size // 2
-    near_train = ndimage.maximum_filter(train_mask, size=2 * radius + 1, mode="constant")
-    test_mask = labelled & ~near_train
-    for c in range(1, k + 1):
-        if totals[c - 1] and not (train_mask & (gt == c)).any():
-            warnings.warn(f"disjoint split: class {c} has no training pixels", stacklevel=2)
-        if totals[c - 1] and not (test_mask & (gt == c)).any():
-            warnings.warn(f"disjoint split: class {c} has no test pixels", stacklevel=2)
+    parts = disjoint_parts(gt, train_ratio, patch_size, seed)
+    if not parts.test.any():
+        raise ValueError(
+            f"the disjoint split at patch {patch_size} leaves no test pixels: every labelled "
+            f"pixel lies within {patch_size // 2} pixels of a training pixel; use a smaller "
+            "--patch-size or --train-ratio, or --split random"
+        )
+    guard = (gt > 0) & ~parts.train & ~parts.test
     meta = {
         "kind": "disjoint",
         "train_ratio": train_ratio,
         "patch_size": patch_size,
-        "tile_size": tile,
+        "guard_radius": patch_size // 2,
+        "train_only": parts.train_only,
         "seed": seed,
     }
-    return _finish(gt, [np.flatnonzero(train_mask)], [np.flatnonzero(test_mask)], meta)
+    split = _finish(gt, [np.flatnonzero(parts.train)], [np.flatnonzero(parts.test)], meta)
+    split.guard = np.flatnonzero(guard).astype(np.int64)
+    return split
 
 
 def make_split(
@@ -194,6 +175,30 @@ def make_split(
     raise ValueError(f"unknown split kind {kind!r}; choose one of {', '.join(SPLIT_KINDS)}")
 
 
+def split_counts(split: Split, gt: np.ndarray, names: tuple[str, ...]) -> dict[str, Any]:
+    """The split's settings and, per class, its pixels in train, test and the guard band."""
+    flat = gt.ravel()
+    k = len(names)
+
+    def per_class(idx: np.ndarray) -> list[int]:
+        return [int(n) for n in np.bincount(flat[idx], minlength=k + 1)[1 : k + 1]]
+
+    totals = per_class(np.flatnonzero(flat > 0))
+    train, test, guard = per_class(split.train), per_class(split.test), per_class(split.guard)
+    classes = [
+        {"class": c + 1, "name": names[c], "pixels": totals[c], "train": train[c],
+         "test": test[c], "guard": guard[c]}
+        for c in range(k)
+    ]  # fmt: skip
+    return {
+        **split.meta,
+        "train": int(split.train.size),
+        "test": int(split.test.size),
+        "guard": int(split.guard.size),
+        "classes": classes,
+    }
+
+
 def save_split(split: Split, path: str | Path) -> Path:
     """Write ``split`` to an ``.npz`` file (indices, shape and JSON metadata)."""
     path = Path(path)
@@ -205,6 +210,7 @@ def save_split(split: Split, path: str | Path) -> Path:
             test=split.test,
             shape=np.asarray(split.shape),
             meta=np.asarray(json.dumps(split.meta, sort_keys=True)),
+            guard=split.guard,
         )
     return path
 
@@ -223,6 +229,8 @@ def load_split(path: str | Path, gt: np.ndarray | None = None) -> Split:
                 shape=tuple(int(x) for x in data["shape"]),
                 meta=json.loads(str(data["meta"])),
             )
+            if "guard" in data.files:  # files of earlier versions have none
+                split.guard = data["guard"].astype(np.int64)
     except (OSError, KeyError, ValueError, EOFError, TypeError, zipfile.BadZipFile) as exc:
         raise ValueError(
             f"cannot read split file {path} ({type(exc).__name__}: {exc}); pass the split.npz "

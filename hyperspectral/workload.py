@@ -22,6 +22,7 @@ are in :mod:`hyperspectral.options`).
 from __future__ import annotations
 
 import hashlib
+import json
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -56,14 +57,14 @@ from .options import (
     parse_path,
 )
 from .pipeline import DATASET_NAMES, prepare, split_scene
-from .splits import SPLIT_KINDS, Split, save_split
+from .splits import SPLIT_KINDS, Split, save_split, split_counts
 
 __all__ = ["ARTIFACTS", "NAME", "build", "fetch", "plugin"]
 
 NAME = "hyperspectral"
 
 # The files the artifacts hook writes into the run folder.
-ARTIFACTS = ("metrics.txt", "split.npz", "map.png")
+ARTIFACTS = ("metrics.txt", "split.npz", "split.json", "map.png")
 
 
 _MODELS_HELP = "; ".join(
@@ -133,9 +134,10 @@ OPTIONS: tuple[WorkloadOption, ...] = (
     ),
     WorkloadOption(
         "dropout",
-        0.4,
-        "dropout probability of the model (0 = off)",
-        type=parse_float("dropout", 0.0, 1.0, low_open=False),
+        None,
+        "dropout probability of the model (0 = off); default the model's reference (0.1 for "
+        "ssftt, 0.4 otherwise)",
+        type=parse_float("dropout", 0.0, 1.0, low_open=False, optional=True),
     ),
     WorkloadOption(
         "map", True, "predict every pixel at the end and draw map.png (needs matplotlib)", type=bool
@@ -179,6 +181,8 @@ def _settle(options: Mapping[str, Any]) -> dict[str, Any]:
     if opts["patch_size"] is None:
         opts["patch_size"] = spec.patch_size
     opts["pca"] = spec.pca if opts["pca"] is None else (opts["pca"] or None)
+    if opts["dropout"] is None:
+        opts["dropout"] = spec.dropout
     split_file = opts["split_file"]
     if opts["map"]:
         require_matplotlib()  # fail now, not after a long training run
@@ -292,10 +296,22 @@ def build(seed: int = 0, **options: Any) -> Workload:
         },
         description=(
             f"{scene.name} {scene.cube.shape} from {scene.source}: {len(data.train_set)} train "
-            f"/ {len(data.test_set)} test pixels, {channels} channels, model {model}, "
-            f"patch {patch}"
+            f"/ {len(data.test_set)} test pixels{_guard_note(split)}, {channels} channels, "
+            f"model {model}, patch {patch}"
         ),
     )
+
+
+def _guard_note(split: Split) -> str:
+    """What a disjoint split left out: its guard band, and any class it could not test."""
+    if split.meta.get("kind") != "disjoint":
+        return ""
+    note = f" ({split.guard.size} in a guard band of {split.meta.get('guard_radius', '?')} px"
+    untested = split.meta.get("train_only") or []
+    if untested:
+        note += f"; class{'es' if len(untested) > 1 else ''} "
+        note += ", ".join(str(c) for c in untested) + " trained, not tested"
+    return note + ")"
 
 
 def _digest(split: Split) -> str:
@@ -318,6 +334,7 @@ def _artifacts_hook(
     test = np.zeros(shape[0] * shape[1], dtype=bool)
     test[split.test] = True
     test = test.reshape(shape)
+    counts = json.dumps(split_counts(split, gt, class_names), indent=2) + "\n"
 
     def artifacts(ctx: ArtifactContext) -> list[Path]:
         out = Path(ctx.out_dir)
@@ -329,6 +346,7 @@ def _artifacts_hook(
         written = [
             atomic_write(out / "metrics.txt", lambda p: p.write_text(table)),
             atomic_write(out / "split.npz", lambda p: save_split(split, p)),
+            atomic_write(out / "split.json", lambda p: p.write_text(counts)),
         ]
         if draw_map and ctx.predictions is not None:
             predicted = np.asarray(ctx.predictions)

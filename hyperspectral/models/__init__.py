@@ -13,8 +13,18 @@ from torch import nn
 from .hamida import HamidaEtAl, build_hamida
 from .hu import HuEtAl, build_hu
 from .hybridsn import HybridSN, build_hybridsn
+from .ssftt import SSFTT, build_ssftt
 
-__all__ = ["MODELS", "ModelSpec", "build_model", "model_names", "HuEtAl", "HamidaEtAl", "HybridSN"]
+__all__ = [
+    "MODELS",
+    "ModelSpec",
+    "build_model",
+    "model_names",
+    "HuEtAl",
+    "HamidaEtAl",
+    "HybridSN",
+    "SSFTT",
+]
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,7 @@ class ModelSpec:
         spatial: whether the model reads the pixels around the centre; a model that does
             not (``hu``) takes patch 1 only, since a larger one would change nothing but
             the cost.
+        dropout: reference dropout probability.
     """
 
     factory: Callable[..., nn.Module]
@@ -36,6 +47,7 @@ class ModelSpec:
     pca: int | None
     description: str
     spatial: bool = True
+    dropout: float = 0.4
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -44,6 +56,13 @@ MODELS: dict[str, ModelSpec] = {
     ),
     "hamida": ModelSpec(build_hamida, 5, None, "3-D CNN (Ben Hamida et al. 2018)"),
     "hybridsn": ModelSpec(build_hybridsn, 25, 30, "3-D + 2-D CNN (Roy et al. 2019)"),
+    "ssftt": ModelSpec(
+        build_ssftt,
+        13,
+        30,
+        "spectral-spatial tokenizer transformer (Sun et al. 2022)",
+        dropout=0.1,
+    ),
 }
 
 
@@ -58,7 +77,7 @@ def build_model(
     bands: int,
     num_classes: int,
     patch_size: int | None = None,
-    dropout: float = 0.4,
+    dropout: float | None = None,
 ) -> nn.Module:
     """Build the registered model ``name``.
 
@@ -67,7 +86,8 @@ def build_model(
         bands: input channels C (after PCA, if any).
         num_classes: number of classes K.
         patch_size: odd patch edge P; ``None`` uses the model's default.
-        dropout: dropout probability in [0, 1); 0 makes the model deterministic.
+        dropout: dropout probability in [0, 1); 0 makes the model deterministic; ``None``
+            uses the model's reference.
 
     Raises:
         ValueError: unknown name, or an invalid size or dropout.
@@ -76,6 +96,7 @@ def build_model(
         spec = MODELS[name]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None
+    dropout = spec.dropout if dropout is None else dropout
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout={dropout} must be in [0, 1)")
     if bands < 1 or num_classes < 2:

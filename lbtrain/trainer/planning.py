@@ -45,6 +45,11 @@ __all__ = ["make_plan", "plan_notes"]
 # Re-timing converges in one or two rounds; a third is a guard against a plan that flips.
 RETIME_ROUNDS = 3
 
+# Timed steps per batch size, fewer than `lbtrain profile`'s: training measures every epoch,
+# and the re-planner refines the first plan from it (issue 20: profile little). Profiling
+# and re-timing use the same, so a re-timed point is as steady as a profiled one.
+REPEATS, MIN_REPEATS = 3, 2
+
 
 def make_plan(
     comm: Communicator,
@@ -96,11 +101,9 @@ def _profile(
             time_budget=config.time_budget,
             seed=config.seed,
             reference_batch=reference,
-            # Fewer repeats than `lbtrain profile`: training measures every epoch, and the
-            # re-planner refines this first plan from it (issue 20: profile little).
             warmup=1,
-            repeats=3,
-            min_repeats=2,
+            repeats=REPEATS,
+            min_repeats=MIN_REPEATS,
         ),
     )
     return profile_workload(comm, replica, workload, profile_config, make_optimizer)
@@ -155,7 +158,10 @@ def _retimed_plan(
         profiles = retime_profiles(
             comm, model, optimizer, workload.loss_fn, workload.make_batch, profiles, wanted,
             device=replica.device, slowdown=replica.slowdown,
-            config=ProfileConfig(seed=config.seed, time_budget=config.time_budget),
+            config=ProfileConfig(
+                seed=config.seed, time_budget=config.time_budget,
+                repeats=REPEATS, min_repeats=MIN_REPEATS,
+            ),
         )  # fmt: skip
         previous, plan = plan, _plan_of(comm, config, profiles)
         if plan.batch_sizes == previous.batch_sizes:

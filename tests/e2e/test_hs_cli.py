@@ -214,7 +214,7 @@ def test_user_errors_exit_with_a_one_line_message(tmp_path, capsys):
     assert line.startswith("lbtrain: error: PaviaU.mat for scene PaviaU not found in"), line
     assert main(["train", "--scene", "synthetic", "--model", "nope"]) == 2
     line = _error_line(capsys.readouterr().err)
-    assert "--model 'nope' is unknown; choose one of hu, hamida, hybridsn" in line, line
+    assert "--model 'nope' is unknown; choose one of hu, hamida, hybridsn, ssftt" in line, line
 
 
 @pytest.mark.parametrize(

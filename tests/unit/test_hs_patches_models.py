@@ -61,6 +61,8 @@ def test_patch_dataset_rejects_bad_arguments(cube):
         ("hamida", 20, 3),
         ("hybridsn", 15, 9),
         ("hybridsn", 30, 25),
+        ("ssftt", 30, 13),
+        ("ssftt", 3, 5),
     ],
 )
 def test_model_output_shapes(name, bands, patch):
@@ -82,6 +84,26 @@ def test_dropout_zero_makes_training_mode_deterministic(name):
     torch.manual_seed(1)
     first = noisy(x)
     assert not torch.equal(first, noisy(x))
+
+
+def test_ssftt_is_the_published_network_with_its_recipe_as_defaults():
+    spec = MODELS["ssftt"]
+    assert (spec.patch_size, spec.pca, spec.dropout) == (13, 30, 0.1)
+    model = build_model("ssftt", bands=30, num_classes=16)
+    assert model.embed_dropout.p == 0.1 and MODELS["hamida"].dropout == 0.4
+    # On Indian Pines' shapes (PCA 30, patch 13, 16 classes), counted layer by layer:
+    # 3-D conv 224 + BN 16, 2-D conv 129,088 + BN 128, tokenizer 4,352, class token and
+    # positions 384, encoder 17,992 (norms 256, qkv 12,480, projection 4,160, MLP 1,096),
+    # classifier 1,040.
+    assert sum(p.numel() for p in model.parameters()) == 153_224
+    # Tokens pool every spatial feature: a change in a corner pixel reaches the logits.
+    model.eval()
+    x = torch.randn(1, 30, 13, 13)
+    y = x.clone()
+    y[0, :, 0, 0] += 1.0
+    assert not torch.allclose(model(x), model(y))
+    with pytest.raises(ValueError, match="ssftt needs an odd patch_size >= 5, got 3"):
+        build_model("ssftt", bands=30, num_classes=3, patch_size=3)
 
 
 def test_build_model_errors_name_the_problem():

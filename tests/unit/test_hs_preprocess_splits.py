@@ -111,7 +111,7 @@ def test_fixed_split_caps_tiny_classes_with_a_warning():
 
 @pytest.mark.parametrize("patch", [3, 5, 9])
 def test_disjoint_split_no_training_patch_covers_a_test_pixel(scene, patch):
-    split = disjoint_split(scene.gt, 0.3, patch, seed=2, tile_size=8)
+    split = disjoint_split(scene.gt, 0.3, patch, seed=2)
     assert split.train.size > 0 and split.test.size > 0
     r = patch // 2
     h, w = scene.gt.shape
@@ -132,13 +132,23 @@ def test_disjoint_split_no_training_patch_covers_a_test_pixel(scene, patch):
     ].any()
 
 
-def test_disjoint_split_keeps_every_class_near_the_ratio():
+def test_disjoint_split_takes_the_ratio_of_every_class_and_names_its_guard_band():
     s = make_synthetic_scene(96, 96, 8, 3, seed=0, regions_per_class=6)
-    split = disjoint_split(s.gt, 0.3, 5, seed=0, tile_size=12)
+    split = disjoint_split(s.gt, 0.3, 5, seed=0)
     flat = s.gt.ravel()
     for k in range(1, 4):
-        share = (flat[split.train] == k).sum() / (flat == k).sum()
-        assert 0.1 < share < 0.6, (k, share)
+        assert (flat[split.train] == k).sum() == round(0.3 * (flat == k).sum()), k
+    # Every labelled pixel is in exactly one of train, test and the guard band, and the
+    # guard band is what lies within 2 pixels of training: no more is thrown away.
+    parts = [split.train, split.test, split.guard]
+    assert sum(p.size for p in parts) == (flat > 0).sum() == np.unique(np.concatenate(parts)).size
+    train = np.zeros(flat.size, bool)
+    train[split.train] = True
+    from scipy import ndimage
+
+    near = ndimage.maximum_filter(train.reshape(s.gt.shape), size=5, mode="constant").ravel()
+    assert near[split.guard].all() and not near[split.test].any()
+    assert split.meta["guard_radius"] == 2 and split.meta["train_only"] == []
 
 
 def test_split_round_trips_through_an_index_file(scene, tmp_path):
@@ -165,12 +175,63 @@ def test_random_split_of_real_indian_pines_takes_ten_percent_of_every_class(indi
     assert _covers_test_pixel(split.train, split.test, indian_pines_gt.shape, 25).mean() > 0.9
 
 
-def test_disjoint_split_of_real_indian_pines_has_no_overlapping_patch(indian_pines_gt):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # tiny classes may end up on one side only
-        split = disjoint_split(indian_pines_gt, 0.3, 11, seed=0)
-    assert split.train.size > 1000 and split.test.size > 1000
-    assert not _covers_test_pixel(split.train, split.test, indian_pines_gt.shape, 11).any()
+@pytest.mark.parametrize("patch", range(5, 26, 2))
+def test_disjoint_split_of_real_indian_pines_works_at_every_patch_and_never_overlaps(
+    indian_pines_gt, patch
+):
+    """Issue 23: every class trains; one too small to test beyond the guard is named."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        split = disjoint_split(indian_pines_gt, 0.1, patch, seed=0)
+    assert not _covers_test_pixel(split.train, split.test, indian_pines_gt.shape, patch).any()
+    flat = indian_pines_gt.ravel()
+    counts = np.bincount(flat[flat > 0], minlength=17)[1:]
+    trained = np.bincount(flat[split.train], minlength=17)[1:]
+    tested = np.bincount(flat[split.test], minlength=17)[1:]
+    np.testing.assert_array_equal(trained, np.maximum(1, np.round(0.1 * counts)))
+    untested = [c for c in range(1, 17) if tested[c - 1] == 0]
+    assert split.meta["train_only"] == untested
+    named = sorted(int(str(w.message).split()[3]) for w in caught)
+    assert named == untested and all("is not tested" in str(w.message) for w in caught)
+    # The small fields of Indian Pines: grass-pasture-mowed (7x4 pixels) is tested up to
+    # patch 11; the big classes always are.
+    assert (7 in untested) == (patch > 11)
+    assert len(untested) <= 4 and split.test.size > 5000
+
+
+def test_largest_testable_patch_is_the_last_patch_that_tests_a_class_alone():
+    from hyperspectral.disjoint import largest_testable_patch
+
+    strip = np.zeros((40, 40), dtype=np.int64)
+    strip[3:13, 5:7] = 1  # 10x2, like Indian Pines' oats: 2 train pixels at one end
+    strip[25:, 25:] = 2  # a field far enough away to keep test pixels at these patches
+    largest = largest_testable_patch(strip == 1, 0.1)
+    assert largest == 17
+    for patch, tested in ((largest, True), (largest + 2, False)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            split = disjoint_split(strip, 0.1, patch, seed=0)
+        assert (strip.ravel()[split.test] == 1).any() == tested
+        assert split.meta["train_only"] == ([] if tested else [1])
+        assert bool(caught) != tested
+        if not tested:
+            assert "a --patch-size of 17 or less would test it" in str(caught[0].message)
+    assert largest_testable_patch(strip == 0, 0.5) is not None
+    single = np.zeros((5, 5), bool)
+    single[2, 2] = True
+    assert largest_testable_patch(single, 0.1) is None
+
+
+def test_a_guard_band_that_leaves_no_test_pixel_is_one_line():
+    gt = np.zeros((12, 12), dtype=np.int64)
+    gt[2:6, 2:6], gt[6:10, 6:10] = 1, 2
+    with pytest.raises(ValueError) as err:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            disjoint_split(gt, 0.1, 25, seed=0)
+    message = str(err.value)
+    assert "\n" not in message and "leaves no test pixels" in message
+    assert "--patch-size" in message and "--split random" in message
 
 
 def test_load_split_errors_are_one_clear_line(scene, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import numpy as np
@@ -15,7 +16,7 @@ from hyperspectral.metrics import confusion_matrix, metrics_from_confusion
 from hyperspectral.models import MODELS
 from hyperspectral.patches import PatchDataset, pad_cube
 from hyperspectral.pipeline import canonical_scene
-from hyperspectral.splits import load_split
+from hyperspectral.splits import load_split, save_split
 from hyperspectral.workload import plugin
 from lbtrain.workloads import (
     ArtifactContext,
@@ -50,7 +51,7 @@ def test_options_and_their_defaults():
         "train_ratio": 0.1,
         "train_per_class": None,
         "split_file": None,
-        "dropout": 0.4,
+        "dropout": None,
         "map": True,
     }
     assert _option("download").type is bool and _option("map").type is bool
@@ -128,11 +129,30 @@ def test_bad_options_are_one_line_errors_naming_the_flag(options, needles):
         assert needle in message
 
 
-def test_split_leaving_a_class_without_training_pixels_is_one_line():
-    # A 25-pixel disjoint margin on a 48x48 scene leaves no training tile.
-    with pytest.raises(ValueError, match="no training pixels for class") as err:
-        _build(split="disjoint", model="hybridsn")
-    assert "\n" not in str(err.value) and "--patch-size" in str(err.value)
+def test_a_disjoint_split_trains_every_class_and_names_one_it_cannot_test(tmp_path):
+    """Issue 23: hybridsn's patch 25 on the 48x48 scene now splits; at 41 one class is too
+    close to its own training pixels to test: it trains, untested, and the run says so."""
+    work = _build(split="disjoint", model="hybridsn")
+    assert "in a guard band of 12 px)" in work.description
+    with pytest.warns(UserWarning, match=r"class 3 \(\d+ pixels\) .* is not tested"):
+        work = _build(split="disjoint", model="hamida", patch_size=41)
+    assert "class 3 trained, not tested" in work.description
+    work.artifacts(ArtifactContext(tmp_path, metrics_from_confusion(np.eye(4) * 2), None))
+    counts = json.loads((tmp_path / "split.json").read_text())
+    assert counts["kind"] == "disjoint" and counts["guard_radius"] == 20
+    assert counts["train_only"] == [3]
+    third = counts["classes"][2]
+    assert third["train"] > 0 and third["test"] == 0 and third["guard"] > 0
+    assert sum(c["train"] + c["test"] + c["guard"] for c in counts["classes"]) == sum(
+        c["pixels"] for c in counts["classes"]
+    )
+    # A split file that leaves a class untested without saying so is still refused.
+    split = load_split(tmp_path / "split.npz")
+    split.meta = {**split.meta, "train_only": []}
+    save_split(split, tmp_path / "quiet.npz")
+    with pytest.raises(ValueError, match="no test pixels for class 3") as err:
+        _build(split_file=str(tmp_path / "quiet.npz"), patch_size=41)
+    assert "\n" not in str(err.value)
 
 
 def test_build_is_consistent_with_the_scene_and_its_datasets():
@@ -226,8 +246,12 @@ def test_artifacts_write_metrics_split_and_map(tmp_path):
     metrics = metrics_from_confusion(np.diag([3, 4, 5, 6]) + 1)
     ctx = ArtifactContext(tmp_path, metrics, predictions, title="synthetic hamida")
     written = work.artifacts(ctx)
-    assert sorted(p.name for p in written) == ["map.png", "metrics.txt", "split.npz"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["map.png", "metrics.txt", "split.npz"]
+    names = ["map.png", "metrics.txt", "split.json", "split.npz"]
+    assert sorted(p.name for p in written) == sorted(p.name for p in tmp_path.iterdir()) == names
+    counts = json.loads((tmp_path / "split.json").read_text())
+    assert counts["kind"] == "random" and counts["guard"] == 0
+    assert counts["train"] == len(work.train_set) and counts["test"] == len(work.eval_set)
+    assert [c["name"] for c in counts["classes"]] == list(get_scene("synthetic").class_names)
     text = (tmp_path / "metrics.txt").read_text()
     assert "class_1" in text and f"\nkappa {metrics['kappa']:.4f}\n" in text
     assert "x 100" not in text
@@ -243,7 +267,7 @@ def test_artifacts_without_map(tmp_path):
     work = _build()
     metrics = metrics_from_confusion(np.eye(4, dtype=np.int64) * 2)
     written = work.artifacts(ArtifactContext(tmp_path, metrics, np.zeros(48 * 48, np.int64)))
-    assert sorted(p.name for p in written) == ["metrics.txt", "split.npz"]
+    assert sorted(p.name for p in written) == ["metrics.txt", "split.json", "split.npz"]
     assert work.predict_set is None  # nothing to predict the whole scene for
 
 
