@@ -6,9 +6,9 @@ Markdown table of OA, AA and kappa per run and the mean and spread per model and
 The gap (random minus disjoint) is what a random split's overlapping patches add.
 
     .venv/bin/python scripts/bench_leakage.py --models hamida --seeds 0,1,2 \\
-        --workdir /tmp/leakage [--epochs 30] [--threads 2]
+        --workdir /tmp/leakage [--epochs N] [--threads 2]
 
-Each run's folder (`WORKDIR/MODEL-SPLIT-sSEED`) keeps its split.json, metrics and map; a
+Each run's folder (`WORKDIR/MODEL-SPLIT-sSEED`) keeps its split.json, metrics and map.png; a
 folder that already holds a finished run is read, not trained again, so an interrupted
 sweep continues where it stopped.
 """
@@ -28,21 +28,24 @@ __all__ = ["main", "recipe"]
 VENV_BIN = Path(sys.executable).parent
 SPLITS = ("random", "disjoint")
 
-# Per model: what `lbtrain train` runs (the demo's recipe for hamida; hybridsn's defaults).
+# Per model: its options and epochs (the demo's recipe for hamida; the others' defaults,
+# with the epochs of BENCHMARKS.md's hybridsn runs and of the SSFTT paper).
 RECIPES = {
-    "hamida": ["--patch-size", "11", "--pca", "30"],
-    "hybridsn": [],
-    "hu": [],
+    "hamida": (["--patch-size", "11", "--pca", "30"], 30),
+    "hybridsn": ([], 60),
+    "ssftt": ([], 100),
+    "hu": ([], 30),
 }
 
 
 def recipe(model: str, split: str, seed: int, args: argparse.Namespace, out: Path) -> list[str]:
     """The `lbtrain train` command of one run."""
+    options, epochs = RECIPES.get(model, ([], 30))
     return [
         str(VENV_BIN / "lbtrain"), "train", "--dataset", "indian_pines", "--model", model,
-        *RECIPES.get(model, []), "--split", split, "--train-ratio", str(args.train_ratio),
-        "--seed", str(seed), "--epochs", str(args.epochs), "--global-batch", "64",
-        "--threads", str(args.threads), "--no-map", "--quiet", "--out", str(out),
+        *options, "--split", split, "--train-ratio", str(args.train_ratio),
+        "--seed", str(seed), "--epochs", str(args.epochs or epochs), "--global-batch", "64",
+        "--threads", str(args.threads), "--quiet", "--out", str(out),
     ]  # fmt: skip
 
 
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="hamida", help="comma-separated (default hamida)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated (default 0,1,2)")
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, help="default per model: hamida 30, ssftt 100")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--train-ratio", type=float, default=0.1)
     parser.add_argument("--workdir", type=Path, required=True, help="one folder per run in it")

@@ -46,7 +46,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     # The verbs that build a workload take its own options as flags: read --workload ahead.
     workload = train.workload_from_argv(list(argv or []))
     for verb in VERBS:
-        if verb in (train, profile, balance_report):
+        if verb in (train, profile, balance_report, whatif):
             verb.add_parser(subparsers, workload)
         else:
             verb.add_parser(subparsers)

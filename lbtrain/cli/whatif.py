@@ -9,7 +9,14 @@ from statistics import median
 from typing import Any
 
 from lbtrain.balancer import POLICIES
-from lbtrain.cli.common import check_plot_path, non_negative_int, positive_float, positive_int
+from lbtrain.cli.common import (
+    add_workload_options,
+    check_plot_path,
+    given_workload_options,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from lbtrain.comm import Communicator
 from lbtrain.profiling import load_profiles
 from lbtrain.report import require_matplotlib
@@ -25,6 +32,8 @@ from lbtrain.whatif.predict import (
     scaling,
     speed_models,
 )
+from lbtrain.whatif.work import ModelWork
+from lbtrain.workloads import DEFAULT_WORKLOAD, get_plugin
 
 __all__ = ["add_parser", "run"]
 
@@ -35,23 +44,28 @@ DESCRIPTION = f"""\
 Predict one training step on a cluster you do not have: each device is one replica whose
 step is alpha + beta x batch seconds, from --profiles where one matches it (GPU names match
 cuda profiles whose device name holds them, cpu-core matches cpu profiles, beta x threads),
-else a roofline on --flops-per-sample and --bytes-per-sample at a fraction of the device's
-peak (calibrated by any profile of its kind, else 50%). The global batch is planned by
+else a roofline on the FLOP and bytes of one sample's training step at a fraction of the
+device's peak (calibrated by any profile of its kind, else 50%): --flops-per-sample and
+--bytes-per-sample, or --count-flops to count them from the workload's model (its forward,
+loss and backward on the meta device, under torch.utils.flop_counter; the bytes are what
+every operator reads and writes, an upper bound). The global batch is planned by
 --policy; the gradient sync is a hierarchical allreduce (intra-node, then inter-node, the
 fastest of ring, recursive doubling, binomial tree and Rabenseifner at each level). Needs no
 launcher, e.g.
 
   lbtrain what-if --cluster "4x h100, 64x cpu-core@16" --global-batch 4096 \\
       --flops-per-sample 1.2e9 --bytes-per-sample 3e6 --gradient-bytes 100e6
+  lbtrain what-if --cluster "8x a100@4" --global-batch 1024 --count-flops --model hybridsn
 
 Devices: {", ".join(sorted(BUILTIN_DEVICES))} (more with --devices-file). Not built yet:
-FLOPs counted from a workload's model, validation against runs, spatial and pipeline
-parallelism.
+validation against runs, spatial and pipeline parallelism.
 """
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register the `what-if` verb."""
+def add_parser(
+    subparsers: argparse._SubParsersAction, workload: str = DEFAULT_WORKLOAD
+) -> argparse.ArgumentParser:
+    """Register the `what-if` verb, with the options of `workload` (read ahead)."""
     parser = subparsers.add_parser(
         "what-if",
         help="predict step time and throughput on a cluster you do not have",
@@ -65,18 +79,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     add("--policy", choices=POLICIES, default="cost", help="batch sharing (default cost)")
     add("--min-batch", type=non_negative_int, default=0, help="least batch a device gets")
     add("--profiles", help="profiles file of `lbtrain profile`: measured alpha and beta")
-    add("--workload", help="refuse profiles of any other workload")
+    add("--workload", help="the workload (as `lbtrain train` names it; default "
+        f"{DEFAULT_WORKLOAD}) whose model --count-flops counts; given, profiles of any other "
+        "workload are refused")  # fmt: skip
     add("--profile-map", type=_profile_map, default={}, metavar="NAME=KEY[,...]",
         help="NAME takes the profiles of device kind KEY, or whose name holds KEY")  # fmt: skip
     add("--devices-file", help="TOML/JSON table of more devices (SI units)")
     add("--flops-per-sample", type=positive_float, help="FLOP of one sample's training step")
     add("--bytes-per-sample", type=positive_float, help="memory bytes moved per sample's step")
+    add("--count-flops", action="store_true",
+        help="count FLOP and bytes per sample (and the gradient bytes) from the workload's "
+        "model, with the workload options below")  # fmt: skip
     add("--gradient-bytes", type=_bytes, help="bytes allreduced per step (default: profiles')")
     add("--scaling", choices=("strong", "weak"), help="also print a scaling table")
     add("--max-devices", type=positive_int, default=64, help="scaling up to N devices (64)")
     add("--batch-per-device", type=positive_int, help="per-device batch of --scaling weak")
     add("--plot", help="write the scaling table as an image (needs matplotlib)")
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, workload_flags=add_workload_options(parser, workload))
     return parser
 
 
@@ -104,7 +123,8 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Check every input, predict, and print on rank 0 (one process does the arithmetic)."""
     if comm.rank != 0:
         return 0
-    cluster, network, speeds, gradient_bytes = _inputs(args)
+    work = _counted_work(args)
+    cluster, network, speeds, gradient_bytes = _inputs(args, work)
     if args.plot and not args.scaling:
         raise ValueError(
             f"--plot {args.plot!r} draws the scaling table: add --scaling strong or weak, or "
@@ -122,7 +142,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
             cluster, network, speeds, args.global_batch, args.policy, gradient_bytes,
             args.min_batch,
         )  # fmt: skip
-        print(format_prediction(cluster, network, result, gradient_bytes))
+        print(format_prediction(cluster, network, result, gradient_bytes, work))
     if args.scaling:
         device = cluster.groups[0]
         weak = args.scaling == "weak"
@@ -138,7 +158,33 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     return 0
 
 
-def _inputs(args: argparse.Namespace) -> tuple[Cluster, Network, dict[str, SpeedModel], int]:
+def _counted_work(args: argparse.Namespace) -> ModelWork | None:
+    """The work counted from the workload's model under --count-flops; else None."""
+    spec = args.workload or DEFAULT_WORKLOAD
+    options = given_workload_options(args, spec)
+    if not args.count_flops:
+        if options:
+            flags = " ".join(f"--{name.replace('_', '-')}" for name in options)
+            verb = "describes" if len(options) == 1 else "describe"
+            raise ValueError(f"{flags} {verb} a model to count: add --count-flops, or drop {flags}")
+        return None
+    if args.flops_per_sample or args.bytes_per_sample:
+        raise ValueError(
+            "--count-flops counts the FLOP and bytes per sample that --flops-per-sample and "
+            "--bytes-per-sample give: use one or the other"
+        )
+    from lbtrain.whatif.work import count_work  # imports torch's flop counter
+
+    plugin = get_plugin(spec)
+    resolved = plugin.resolve_options(options)
+    if plugin.fetch is not None:
+        plugin.fetch(**resolved)
+    return count_work(plugin.make(0, resolved))
+
+
+def _inputs(
+    args: argparse.Namespace, work: ModelWork | None = None
+) -> tuple[Cluster, Network, dict[str, SpeedModel], int]:
     """Every bad input as one line, before any prediction."""
     table = BUILTIN_DEVICES if args.devices_file is None else load_device_table(args.devices_file)
     cluster = parse_cluster(args.cluster, table)
@@ -161,16 +207,20 @@ def _inputs(args: argparse.Namespace) -> tuple[Cluster, Network, dict[str, Speed
     if unknown:
         raise ValueError(f"--profile-map names unknown device {unknown[0]!r}")
     roofline = None
-    if args.flops_per_sample or args.bytes_per_sample:
+    if work is not None:
+        roofline = Roofline(work.flops_per_sample, work.bytes_per_sample)
+    elif args.flops_per_sample or args.bytes_per_sample:
         roofline = Roofline(args.flops_per_sample or 0.0, args.bytes_per_sample or 0.0)
     devices = [group.device for group in cluster.groups]
     speeds = speed_models(devices, profiles, roofline, args.profile_map, table.values())
-    return cluster, network, speeds, _gradient_bytes(args, profiles)
+    return cluster, network, speeds, _gradient_bytes(args, profiles, work)
 
 
-def _gradient_bytes(args: argparse.Namespace, profiles: list[Any]) -> int:
+def _gradient_bytes(args: argparse.Namespace, profiles: list[Any], work: ModelWork | None) -> int:
     if args.gradient_bytes is not None:
         return args.gradient_bytes
+    if work is not None:
+        return work.gradient_bytes
     measured = [p.sync_bytes for p in profiles if p.sync_bytes is not None]
     if not measured:
         raise ValueError(
@@ -197,7 +247,11 @@ def _rate(value: float, unit: str) -> str:
 
 
 def format_prediction(
-    cluster: Cluster, network: Network, result: Prediction, gradient_bytes: int
+    cluster: Cluster,
+    network: Network,
+    result: Prediction,
+    gradient_bytes: int,
+    work: ModelWork | None = None,
 ) -> str:
     """The plan per device group and the step's totals, in ms and samples/s."""
     intra, inter = network.intra, network.inter
@@ -207,6 +261,14 @@ def format_prediction(
         f"network: intra {_rate(intra.beta, 'B/s')}, {intra.alpha * 1e6:g} us; inter "
         f"{_rate(inter.beta, 'B/s')}, {inter.alpha * 1e6:g} us; gradient "
         f"{_rate(gradient_bytes, 'B')}",
+    ]
+    if work is not None:
+        lines.append(
+            f"work: {work.description}, {work.parameters:,} parameters: "
+            f"{_rate(work.flops_per_sample, 'FLOP')} and {_rate(work.bytes_per_sample, 'B')} "
+            "per sample (counted; the bytes are an upper bound)"
+        )
+    lines += [
         "",
         f"{'device':<12}{'count':>8}{'batch each':>12}{'zero':>8}{'compute ms':>12}"
         f"{'idle ms':>10}  speed model",
