@@ -110,37 +110,41 @@ def test_legacy_flags_are_translated_and_other_commands_refused(capsys):
         assert err.startswith(f"usage: {PROG} train [OPTIONS]"), err
 
 
-def test_tiny_training_run_on_a_synthetic_scene(tmp_path):
+def test_tiny_training_run_on_a_synthetic_scene(tmp_path, capsys):
+    """In-process: the entry point itself runs as a program in the tests above and below."""
     out = tmp_path / "run"
-    res = _run(
-        "train",
-        "--scene",
-        "synthetic",
-        "--model",
-        "hamida",
-        "--patch-size",
-        "3",
-        "--epochs",
-        "15",
-        "--batch-size",
-        "32",
-        "--lr",
-        "0.003",
-        "--threads",
-        "1",
-        "--train-ratio",
-        "0.2",
-        "--seed",
-        "1",
-        "--time-budget",
-        "1",
-        "--checkpoint-every",
-        "0",
-        "--out",
-        str(out),
+    status = main(
+        [
+            "train",
+            "--scene",
+            "synthetic",
+            "--model",
+            "hamida",
+            "--patch-size",
+            "3",
+            "--epochs",
+            "15",
+            "--batch-size",
+            "32",
+            "--lr",
+            "0.003",
+            "--threads",
+            "1",
+            "--train-ratio",
+            "0.2",
+            "--seed",
+            "1",
+            "--time-budget",
+            "1",
+            "--checkpoint-every",
+            "0",
+            "--out",
+            str(out),
+        ]
     )
-    assert res.returncode == 0, res.stderr + res.stdout
-    assert "epoch 15/15" in res.stdout
+    res = capsys.readouterr()
+    assert status == 0, res.err + res.out
+    assert "epoch 15/15" in res.out
     # The legacy flags reached lbtrain train under their new names.
     config = tomllib.loads((out / "config.toml").read_text())
     assert config["global_batch"] == 32 and config["workload_options"]["dataset"] == "synthetic"
@@ -152,7 +156,7 @@ def test_tiny_training_run_on_a_synthetic_scene(tmp_path):
     train_pixels, test_pixels = _trained_pixels(out)
     with np.load(out / "split.npz") as split:
         assert split["train"].size == train_pixels and split["test"].size == test_pixels
-    assert f"{train_pixels} train / {test_pixels} test pixels" in res.stdout
+    assert f"{train_pixels} train / {test_pixels} test pixels" in res.out
 
 
 def test_short_run_on_real_indian_pines(tmp_path):
