@@ -123,11 +123,15 @@ def largest_testable_patch(region: np.ndarray, train_ratio: float) -> int | None
     count = min(rows.size, max(1, round(train_ratio * rows.size)))
     if count >= rows.size:
         return None
+    # Distances within the class's bounding box only: memory and time grow with its area.
+    rows, cols = rows - rows.min(), cols - cols.min()
+    box = (int(rows.max()) + 1, int(cols.max()) + 1)
     angles = 2 * math.pi * np.arange(DIRECTIONS) / DIRECTIONS
     furthest = 0
     for pick in _slices(rows, cols, count, angles):
-        dr = np.abs(rows[:, None] - rows[pick][None, :])
-        dc = np.abs(cols[:, None] - cols[pick][None, :])
-        furthest = max(furthest, int(np.maximum(dr, dc).min(axis=1).max()))
+        outside = np.ones(box, dtype=bool)
+        outside[rows[pick], cols[pick]] = False
+        distance = ndimage.distance_transform_cdt(outside, metric="chessboard")
+        furthest = max(furthest, int(distance[rows, cols].max()))
     # A pixel at distance d is outside a guard band of radius d - 1: patch 2(d - 1) + 1.
     return 2 * furthest - 1 if furthest >= 1 else None
