@@ -196,7 +196,8 @@ def test_disjoint_split_of_real_indian_pines_works_at_every_patch_and_never_over
     # The small fields of Indian Pines: grass-pasture-mowed (7x4 pixels) is tested up to
     # patch 11; the big classes always are.
     assert (7 in untested) == (patch > 11)
-    assert len(untested) <= 4 and split.test.size > 5000
+    # The guard band grows with the patch: 8,377 test pixels at 5, 2,185 at 25 (of 10,249).
+    assert len(untested) <= 4 and split.test.size > 2000
 
 
 def test_largest_testable_patch_is_the_last_patch_that_tests_a_class_alone():

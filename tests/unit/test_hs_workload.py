@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -129,28 +130,34 @@ def test_bad_options_are_one_line_errors_naming_the_flag(options, needles):
         assert needle in message
 
 
-def test_a_disjoint_split_trains_every_class_and_names_one_it_cannot_test(tmp_path):
-    """Issue 23: hybridsn's patch 25 on the 48x48 scene now splits; at 41 one class is too
-    close to its own training pixels to test: it trains, untested, and the run says so."""
+def test_a_disjoint_split_trains_every_class_and_names_those_it_cannot_test(tmp_path):
+    """Issue 23: hybridsn's patch 25 on the 48x48 scene now splits; at 41 classes 3 and 4
+    are too close to their own training pixels to test: they train, untested, and the run
+    says so."""
     work = _build(split="disjoint", model="hybridsn")
     assert "in a guard band of 12 px)" in work.description
-    with pytest.warns(UserWarning, match=r"class 3 \(\d+ pixels\) .* is not tested"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         work = _build(split="disjoint", model="hamida", patch_size=41)
-    assert "class 3 trained, not tested" in work.description
+    named = [str(w.message) for w in caught]
+    assert len(named) == 2 and all(" is not tested" in m for m in named), named
+    assert "classes 3, 4 trained, not tested" in work.description
     work.artifacts(ArtifactContext(tmp_path, metrics_from_confusion(np.eye(4) * 2), None))
     counts = json.loads((tmp_path / "split.json").read_text())
     assert counts["kind"] == "disjoint" and counts["guard_radius"] == 20
-    assert counts["train_only"] == [3]
-    third = counts["classes"][2]
-    assert third["train"] > 0 and third["test"] == 0 and third["guard"] > 0
+    assert counts["train_only"] == [3, 4]
+    for entry in counts["classes"]:
+        untested = entry["class"] in (3, 4)
+        assert entry["train"] > 0 and (entry["test"] == 0) == untested
+        assert f"class {entry['class']} (" in " ".join(named) or not untested
     assert sum(c["train"] + c["test"] + c["guard"] for c in counts["classes"]) == sum(
         c["pixels"] for c in counts["classes"]
     )
     # A split file that leaves a class untested without saying so is still refused.
     split = load_split(tmp_path / "split.npz")
-    split.meta = {**split.meta, "train_only": []}
+    split.meta = {**split.meta, "train_only": [4]}
     save_split(split, tmp_path / "quiet.npz")
-    with pytest.raises(ValueError, match="no test pixels for class 3") as err:
+    with pytest.raises(ValueError, match="no test pixels for class 3 ") as err:
         _build(split_file=str(tmp_path / "quiet.npz"), patch_size=41)
     assert "\n" not in str(err.value)
 
