@@ -101,6 +101,8 @@ _ERROR_KEY = (
     ("test pixel, right", (0.92, 0.92, 0.92)),
     ("test pixel, wrong", (0.90, 0.0, 0.0)),
 )
+# A disjoint split's guard band (labelled, neither trained nor tested), drawn over code 1.
+_GUARD = ("guard band: not trained, not tested", (0.96, 0.70, 0.20))
 
 
 def class_colours(num_classes: int) -> np.ndarray:
@@ -156,6 +158,7 @@ def save_map(
     *,
     bands: Sequence[int],
     test: np.ndarray | None = None,
+    guard: np.ndarray | None = None,
     title: str = "",
 ) -> Path:
     """Write the map PNG: composite, ground truth, prediction (labelled, all), errors, legend.
@@ -169,6 +172,8 @@ def save_map(
         bands: the scene's (0-based) indices of ``rgb``'s bands, named in the panel title.
         test: (H, W) bool, the test pixels whose errors are counted; default every labelled
             pixel (then training pixels count too).
+        guard: (H, W) bool, a disjoint split's guard band, drawn in its own colour; None or
+            empty for splits without one.
         title: figure title.
 
     Raises:
@@ -184,12 +189,16 @@ def save_map(
     axes = fig.subplots(rows, cols).ravel()
     # About 12 characters of an 11-point title per inch of panel: longer ones wrap.
     width = int(12 * size[0] / cols)
-    panels = _panels(rgb, gt, prediction, colours, bands, test)
+    guard = guard if guard is not None and guard.any() else None
+    panels = _panels(rgb, gt, prediction, colours, bands, test, guard)
     for ax, (img, name) in zip(axes[:5], panels, strict=True):
         ax.imshow(img, interpolation="nearest")
         ax.set_title(textwrap.fill(name, width), fontsize=11)
         ax.set_axis_off()
-    _legends(axes[3], axes[5], colours, class_names, ncol=2 if cols == 3 else 1)
+    key = list(_ERROR_KEY)
+    if guard is not None:  # then the grey pixels are exactly the training pixels
+        key = [key[0], ("training pixel", key[1][1]), *key[2:], _GUARD]
+    _legends(axes[3], axes[5], colours, class_names, key, ncol=2 if cols == 3 else 1)
     if title:
         fig.suptitle(title, fontsize=13)
     path = Path(path)
@@ -206,6 +215,7 @@ def _panels(
     colours: np.ndarray,
     bands: Sequence[int],
     test: np.ndarray | None,
+    guard: np.ndarray | None = None,
 ) -> list[tuple[np.ndarray, str]]:
     """The five (H, W, 3) images and their titles, in reading order."""
     labelled = gt > 0
@@ -214,20 +224,25 @@ def _panels(
     wrong, total = int((codes == 3).sum()), int(scored.sum())
     which = "labelled" if test is None else "test"
     share = 100 * wrong / max(total, 1)
+    errors = np.asarray([c for _, c in _ERROR_KEY])[codes]
+    if guard is not None:
+        errors[guard & (codes == 1)] = _GUARD[1]
     return [
         (rgb_composite(rgb, (0, 1, 2)), _band_title(bands)),
         (colours[gt], f"ground truth ({labelled.sum():,} labelled pixels)"),
         (colours[np.where(labelled, prediction + 1, 0)], "prediction on the labelled pixels"),
-        (
-            np.asarray([c for _, c in _ERROR_KEY])[codes],
-            f"errors: {wrong:,} of {total:,} {which} pixels ({share:.1f}%)",
-        ),
+        (errors, f"errors: {wrong:,} of {total:,} {which} pixels ({share:.1f}%)"),
         (colours[prediction + 1], "prediction of every pixel"),
     ]
 
 
 def _legends(
-    errors_ax: Any, legend_ax: Any, colours: np.ndarray, names: Sequence[str], ncol: int
+    errors_ax: Any,
+    legend_ax: Any,
+    colours: np.ndarray,
+    names: Sequence[str],
+    key: Sequence[tuple[str, Any]],
+    ncol: int,
 ) -> None:
     """The error panel's key under it, and the class legend in the last grid cell."""
     from matplotlib.patches import Patch
@@ -237,7 +252,7 @@ def _legends(
         return Patch(facecolor=colour, edgecolor="0.5", label=label)
 
     errors_ax.legend(
-        handles=[patch(c, n) for n, c in _ERROR_KEY],
+        handles=[patch(c, n) for n, c in key],
         loc="upper center",
         bbox_to_anchor=(0.5, 0.0),
         ncol=ncol,

@@ -334,6 +334,9 @@ def _artifacts_hook(
     test = np.zeros(shape[0] * shape[1], dtype=bool)
     test[split.test] = True
     test = test.reshape(shape)
+    guard = np.zeros(shape[0] * shape[1], dtype=bool)
+    guard[split.guard] = True
+    guard = guard.reshape(shape)
     counts = json.dumps(split_counts(split, gt, class_names), indent=2) + "\n"
 
     def artifacts(ctx: ArtifactContext) -> list[Path]:
@@ -370,6 +373,7 @@ def _artifacts_hook(
                         class_names,
                         bands=bands,
                         test=test,
+                        guard=guard,
                         title=title,
                     ),
                 )

@@ -171,6 +171,13 @@ def test_map_panels_say_how_many_test_pixels_are_wrong():
     assert _panels(np.ones((2, 3, 3)), gt, pred, colours, (0, 1, 2), None)[3][1] == (
         "errors: 2 of 5 labelled pixels (40.0%)"
     )
+    # A disjoint split's guard band gets its own colour; training pixels keep theirs.
+    guard = np.array([[False, False, False], [False, False, True]])
+    errors = _panels(np.ones((2, 3, 3)), gt, pred, colours, (0, 1, 2), test, guard)[3][0]
+    plain = panels[3][0]
+    assert not np.array_equal(errors[1, 2], plain[1, 2])  # (1,2): guard, not training
+    np.testing.assert_array_equal(errors[0, 1], plain[0, 1])  # (0,1): a training pixel
+    np.testing.assert_array_equal(errors[1, 1], plain[1, 1])  # a wrong test pixel stays red
 
 
 @pytest.mark.parametrize("shape", [(12, 10), (40, 10)])  # the grid and the one-row layout
