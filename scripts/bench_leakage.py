@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---:|---:|---:|---:|---:|")
     for (model, split), rows in results.items():
         for r in rows:
-            untested = f" ({len(r['untested'])} classes untested)" if r["untested"] else ""
+            n = len(r["untested"])
+            untested = f" ({n} class{'es' if n > 1 else ''} untested)" if n else ""
             print(f"| {model} | {split} | {r['seed']} | {r['test']:,}{untested} | "
                   f"{r['oa']:.2f} | {r['aa']:.2f} | {r['kappa']:.4f} |")  # fmt: skip
         print(f"| {model} | {split} | mean ± sd | | {_mean(rows, 'oa')} | {_mean(rows, 'aa')} "

@@ -40,6 +40,7 @@ def _profile(workdir: Path) -> Path:
     path = workdir / "profile-1rank.json"
     if not path.exists():
         options = [*bc.DEMO_MODEL, "--batch-sizes", "4,8,16,32,64", "--repeats", "5"]
+        options += ["--time-budget", "60"]  # every rung, whatever the machine's speed
         bc.run_command([*bc.lbtrain("profile", 1, options), "--output", str(path)])
     return path
 
