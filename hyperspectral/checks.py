@@ -7,6 +7,7 @@ The split can only be checked once it is made, which is still before any profili
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,7 @@ from .models import build_model
 from .pipeline import missing_classes
 from .splits import Split
 
-__all__ = ["check_sizes", "check_split", "new_model", "published_shape"]
+__all__ = ["check_sizes", "check_split", "new_model", "published_shape", "warn_untested"]
 
 # Shape of the generated scene, for checks before it is made (get_scene's defaults).
 _SYNTHETIC_SHAPE = (48, 48, 32)
@@ -96,3 +97,20 @@ def check_split(split: Split, scene_gt: np.ndarray, names: tuple[str, ...], orig
         f"{origin} leaves {'; '.join(parts)}; use another --train-ratio or --train-per-class, "
         "--split random, or (disjoint) a smaller --patch-size"
     )
+
+
+def warn_untested(split: Split, split_file: str) -> None:
+    """Say again, for a reused split file, which classes it trains but does not test.
+
+    The disjoint split that made the file said so in its own run; a run that reuses it
+    would otherwise print a per-class table with rows of "-" and no word why.
+    """
+    untested = split.meta.get("train_only") or []
+    if untested:
+        listed = ", ".join(str(c) for c in untested)
+        warnings.warn(
+            f"--split-file {split_file}: class{'es' if len(untested) > 1 else ''} {listed} "
+            "train but are not tested (the disjoint split that made the file could not keep "
+            "a test pixel clear of their training pixels)",
+            stacklevel=2,
+        )

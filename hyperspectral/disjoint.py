@@ -30,6 +30,10 @@ __all__ = ["DisjointParts", "disjoint_parts", "largest_testable_patch"]
 # Directions tried per class; 16 covers the sides and the diagonals twice over.
 DIRECTIONS = 16
 
+# Whether a class that slices of every field leave untested is tried as one slice of the
+# whole class (tests turn it off to show what it rescues).
+ONE_SLICE_FALLBACK = True
+
 
 @dataclass
 class DisjointParts:
@@ -121,17 +125,30 @@ def _slice_fields(
     of `fields`), each from the side that leaves the most tested (see the module docstring)."""
     sizes = np.bincount(fields.ravel(), minlength=n + 1)[1:]
     shares = _field_shares(sizes, count)
+    boxes = ndimage.find_objects(fields, max_label=n)  # each field's pixels from its box
     for field in np.argsort(-sizes, kind="stable"):
         if shares[field] == 0:
             continue
-        rows, cols = np.nonzero(fields == field + 1)
+        box = boxes[field]
+        rows, cols = np.nonzero(fields[box] == field + 1)
+        rows, cols = rows + box[0].start, cols + box[1].start
         best, best_score = None, None
         for pick in _slices(rows, cols, int(shares[field]), angles):
-            left = guard.tested - guard.lost(rows[pick], cols[pick])[0]
-            score = (int((left > 0).sum()), int(left[c - 1] > 0), int(left.sum()))
+            score = _score(guard.tested - guard.lost(rows[pick], cols[pick])[0], c)
             if best_score is None or score > best_score:
                 best, best_score = pick, score
         guard.add(rows[best], cols[best])
+
+
+def _score(tested: np.ndarray, c: int) -> tuple[int, int, int]:
+    """Classes still tested, then whether class `c` is, then test pixels: higher is better."""
+    return int((tested > 0).sum()), int(tested[c - 1] > 0), int(tested.sum())
+
+
+def _train_count(pixels: int, train_ratio: float) -> int:
+    """round(ratio x pixels) training pixels, at least one, and one fewer than all when the
+    class has two or more (as the random split gives): a class is never all training."""
+    return min(max(1, round(train_ratio * pixels)), max(1, pixels - 1))
 
 
 def disjoint_parts(gt: np.ndarray, train_ratio: float, patch_size: int, seed: int) -> DisjointParts:
@@ -152,28 +169,31 @@ def disjoint_parts(gt: np.ndarray, train_ratio: float, patch_size: int, seed: in
     guard = _Guard(gt, radius)
     present = [c for c in range(1, k + 1) if totals[c - 1]]
     for c in sorted(present, key=lambda c: (totals[c - 1], c)):
-        count = min(int(totals[c - 1]), max(1, round(train_ratio * totals[c - 1])))
+        count = _train_count(int(totals[c - 1]), train_ratio)
         fields, n = ndimage.label(gt == c, structure=np.ones((3, 3)))
-        before = guard.copy()
+        whole = guard.copy()
         _slice_fields(guard, fields, n, c, count, angles)
-        if n > 1 and guard.tested[c - 1] == 0:
+        if ONE_SLICE_FALLBACK and n > 1 and guard.tested[c - 1] == 0:
             # Slices of every field left no test pixel of the class: one slice of the whole
             # class may (its far fields stay clear), as `largest_testable_patch` assumes.
-            guard = before
-            _slice_fields(guard, (gt == c).astype(np.int64), 1, c, count, angles)
+            # Kept only if it does better.
+            _slice_fields(whole, (gt == c).astype(np.int64), 1, c, count, angles)
+            if _score(whole.tested, c) > _score(guard.tested, c):
+                guard = whole
     train = guard.train
     test = (gt > 0) & ~_near(train, radius)
     tested = _class_count(gt, test, k)
     train_only = [c for c in present if tested[c - 1] == 0]
     for c in train_only:
-        largest = largest_testable_patch(gt == c, train_ratio)
+        largest = largest_testable_patch(gt == c, train_ratio, angles)
         fix = (
             f"a --patch-size of {largest} or less would test it"
             if largest
             else "no patch size can test it"
         )
         warnings.warn(
-            f"disjoint split: class {c} ({totals[c - 1]} pixels) lies within {radius} pixels "
+            f"disjoint split: class {c} ({totals[c - 1]} pixel{'s' if totals[c - 1] > 1 else ''})"
+            f" lies within {radius} pixels "
             f"of its own training pixels at patch {patch_size}: it trains on "
             f"{int(_class_count(gt, train, k)[c - 1])} and is not tested (OA and AA leave it "
             f"out); {fix}",
@@ -182,20 +202,24 @@ def disjoint_parts(gt: np.ndarray, train_ratio: float, patch_size: int, seed: in
     return DisjointParts(train, test, train_only)
 
 
-def largest_testable_patch(region: np.ndarray, train_ratio: float) -> int | None:
+def largest_testable_patch(
+    region: np.ndarray, train_ratio: float, angles: np.ndarray | None = None
+) -> int | None:
     """The largest odd patch at which a class alone keeps a test pixel; None if none does.
 
     The class is taken as one field (as a class too small to test is): its training slice
-    cut as in `disjoint_parts`, from the side that leaves a pixel furthest (Chebyshev) from it.
+    cut as in `disjoint_parts`, from the side, of `angles` (the split's fan; default one
+    from 0), that leaves a pixel furthest (Chebyshev) from it.
     """
     rows, cols = np.nonzero(region)
-    count = min(rows.size, max(1, round(train_ratio * rows.size)))
+    count = _train_count(rows.size, train_ratio)
     if count >= rows.size:
         return None
     # Distances within the class's bounding box only: memory and time grow with its area.
     rows, cols = rows - rows.min(), cols - cols.min()
     box = (int(rows.max()) + 1, int(cols.max()) + 1)
-    angles = 2 * math.pi * np.arange(DIRECTIONS) / DIRECTIONS
+    if angles is None:
+        angles = 2 * math.pi * np.arange(DIRECTIONS) / DIRECTIONS
     furthest = 0
     for pick in _slices(rows, cols, count, angles):
         outside = np.ones(box, dtype=bool)

@@ -216,7 +216,8 @@ def save_split(split: Split, path: str | Path) -> Path:
 
 
 def load_split(path: str | Path, gt: np.ndarray | None = None) -> Split:
-    """Read a split written by :func:`save_split`; with ``gt``, check it fits that scene.
+    """Read a split written by :func:`save_split`; with ``gt``, check it fits that scene (and
+    take the guard band from it: the labelled pixels in neither set).
 
     Raises:
         ValueError: the file is missing, unreadable, or does not fit ``gt``.
@@ -248,4 +249,10 @@ def load_split(path: str | Path, gt: np.ndarray | None = None) -> Split:
                     f"split {path}: {name} indices point outside the scene or at unlabelled "
                     "pixels; was it written for another scene?"
                 )
+        # What is labelled and neither trained nor tested, from the scene itself: a file's
+        # own guard array may be missing (earlier versions) or wrong, and is not trusted.
+        left = flat > 0
+        left[split.train] = False
+        left[split.test] = False
+        split.guard = np.flatnonzero(left).astype(np.int64)
     return split

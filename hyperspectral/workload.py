@@ -43,7 +43,7 @@ from lbtrain.workloads import (
     keep_batch,
 )
 
-from .checks import check_sizes, check_split, new_model, published_shape
+from .checks import check_sizes, check_split, new_model, published_shape, warn_untested
 from .datasets import Scene, get_scene, load_scene, search_dirs
 from .maps import require_matplotlib, save_map
 from .metrics import format_table, metrics_from_confusion
@@ -252,6 +252,8 @@ def build(seed: int = 0, **options: Any) -> Workload:
     check_split(split, scene.gt, scene.class_names, origin)
     for caught_warning in caught:
         warnings.warn(caught_warning.message, stacklevel=2)
+    if split_file:
+        warn_untested(split, split_file)
     if pca is not None and pca > split.train.size:
         raise ValueError(
             f"--pca {pca} is more than the {split.train.size} training pixels; use 1.."

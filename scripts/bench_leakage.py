@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 __all__ = ["main", "recipe"]
@@ -49,8 +50,22 @@ def recipe(model: str, split: str, seed: int, args: argparse.Namespace, out: Pat
     ]  # fmt: skip
 
 
+def _same_recipe(command: list[str], out: Path) -> None:
+    """A finished run is reused only if it ran these epochs and this training ratio."""
+    config = tomllib.loads((out / "config.toml").read_text())
+    wanted = {"epochs": int(command[command.index("--epochs") + 1]),
+              "train_ratio": float(command[command.index("--train-ratio") + 1])}  # fmt: skip
+    found = {"epochs": config.get("epochs"),
+             "train_ratio": config.get("workload_options", {}).get("train_ratio", 0.1)}  # fmt: skip
+    if found != wanted:
+        sys.exit(f"bench_leakage: {out} holds a run with {found}, not {wanted}: use another "
+                 "--workdir")  # fmt: skip
+
+
 def _run(command: list[str], out: Path) -> dict:
-    if not (out / "metrics.json").is_file():
+    if (out / "metrics.json").is_file():
+        _same_recipe(command, out)
+    else:
         print("$", " ".join(command).replace(str(VENV_BIN) + "/", ".venv/bin/"), flush=True)
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)

@@ -27,7 +27,6 @@ from lbtrain.whatif.predict import (
     Prediction,
     Roofline,
     ScalingRow,
-    SpeedModel,
     predict,
     scaling,
     speed_models,
@@ -125,20 +124,23 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Check every input, predict, and print on rank 0 (one process does the arithmetic)."""
     if comm.rank != 0:
         return 0
-    work = _counted_work(args)
-    cluster, network, speeds, gradient_bytes = _inputs(args, work)
-    if args.plot and not args.scaling:
-        raise ValueError(
-            f"--plot {args.plot!r} draws the scaling table: add --scaling strong or weak, or "
-            "drop --plot"
-        )
-    if args.plot:
-        require_matplotlib()
-        check_plot_path(args.plot)
-    if args.scaling == "weak" and args.batch_per_device is None:
-        raise ValueError("--scaling weak needs --batch-per-device")
-    if args.scaling != "weak" and args.global_batch is None:
-        raise ValueError("--global-batch is required (the samples of one step)")
+    _check_flags(args)
+    table = BUILTIN_DEVICES if args.devices_file is None else load_device_table(args.devices_file)
+    cluster, network = parse_cluster(args.cluster, table), parse_network(args.network)
+    unknown = sorted(set(args.profile_map) - set(table))
+    if unknown:
+        raise ValueError(f"--profile-map names unknown device {unknown[0]!r}")
+    profiles = _profiles(args)
+    # Last, as it builds the workload (its data included): every cheap check came first.
+    work = _counted_work(args, profiles)
+    roofline = None
+    if work is not None:
+        roofline = Roofline(work.flops_per_sample, work.bytes_per_sample)
+    elif args.flops_per_sample or args.bytes_per_sample:
+        roofline = Roofline(args.flops_per_sample or 0.0, args.bytes_per_sample or 0.0)
+    devices = [group.device for group in cluster.groups]
+    speeds = speed_models(devices, profiles, roofline, args.profile_map, table.values())
+    gradient_bytes = _gradient_bytes(args, profiles, work)
     if args.global_batch is not None:
         result = predict(
             cluster, network, speeds, args.global_batch, args.policy, gradient_bytes,
@@ -160,8 +162,30 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     return 0
 
 
-def _counted_work(args: argparse.Namespace) -> ModelWork | None:
-    """The work counted from the workload's model under --count-flops; else None."""
+def _check_flags(args: argparse.Namespace) -> None:
+    """The checks that need no file: flags that go together, the plot's path."""
+    if args.plot and not args.scaling:
+        raise ValueError(
+            f"--plot {args.plot!r} draws the scaling table: add --scaling strong or weak, or "
+            "drop --plot"
+        )
+    if args.plot:
+        require_matplotlib()
+        check_plot_path(args.plot)
+    if args.scaling == "weak" and args.batch_per_device is None:
+        raise ValueError("--scaling weak needs --batch-per-device")
+    if args.scaling != "weak" and args.global_batch is None:
+        raise ValueError("--global-batch is required (the samples of one step)")
+    if args.count_flops and (args.flops_per_sample or args.bytes_per_sample):
+        raise ValueError(
+            "--count-flops counts the FLOP and bytes per sample that --flops-per-sample and "
+            "--bytes-per-sample give: use one or the other"
+        )
+
+
+def _counted_work(args: argparse.Namespace, profiles: list[Any]) -> ModelWork | None:
+    """The work counted from the workload's model under --count-flops (None without it);
+    `profiles` must then be of that model and sample shape."""
     spec = args.workload or DEFAULT_WORKLOAD
     options = given_workload_options(args, spec)
     if not args.count_flops:
@@ -170,27 +194,27 @@ def _counted_work(args: argparse.Namespace) -> ModelWork | None:
             verb = "describes" if len(options) == 1 else "describe"
             raise ValueError(f"{flags} {verb} a model to count: add --count-flops, or drop {flags}")
         return None
-    if args.flops_per_sample or args.bytes_per_sample:
-        raise ValueError(
-            "--count-flops counts the FLOP and bytes per sample that --flops-per-sample and "
-            "--bytes-per-sample give: use one or the other"
-        )
+    from lbtrain.trainer.planning import check_profiled
     from lbtrain.whatif.work import count_work  # imports torch's flop counter
 
     plugin = get_plugin(spec)
-    resolved = plugin.resolve_options(options)
+    # No map: only the model and its sample shape are needed (and no matplotlib).
+    resolved = plugin.resolve_options({"map": False, **options} if _has_map(plugin) else options)
     if plugin.fetch is not None:
         plugin.fetch(**resolved)
-    return count_work(plugin.make(0, resolved))
+    workload = plugin.make(0, resolved)
+    if profiles:
+        # Their speeds stand beside the counted roofline and calibrate it: of this model only.
+        check_profiled(profiles, workload, args.profiles)
+    return count_work(workload)
 
 
-def _inputs(
-    args: argparse.Namespace, work: ModelWork | None = None
-) -> tuple[Cluster, Network, dict[str, SpeedModel], int]:
-    """Every bad input as one line, before any prediction."""
-    table = BUILTIN_DEVICES if args.devices_file is None else load_device_table(args.devices_file)
-    cluster = parse_cluster(args.cluster, table)
-    network = parse_network(args.network)
+def _has_map(plugin: Any) -> bool:
+    return any(option.name == "map" for option in plugin.options)
+
+
+def _profiles(args: argparse.Namespace) -> list[Any]:
+    """The profiles of --profiles, of --workload's workload when it is given."""
     profiles = [] if args.profiles is None else load_profiles(args.profiles)
     workloads = sorted({p.workload for p in profiles})
     if len(workloads) > 1 and not args.workload:
@@ -205,17 +229,7 @@ def _inputs(
             f"--profiles {args.profiles!r} holds profiles of workload {other[0]!r}, "
             f"not --workload {args.workload!r}: profile that workload or drop --workload"
         )
-    unknown = sorted(set(args.profile_map) - set(table))
-    if unknown:
-        raise ValueError(f"--profile-map names unknown device {unknown[0]!r}")
-    roofline = None
-    if work is not None:
-        roofline = Roofline(work.flops_per_sample, work.bytes_per_sample)
-    elif args.flops_per_sample or args.bytes_per_sample:
-        roofline = Roofline(args.flops_per_sample or 0.0, args.bytes_per_sample or 0.0)
-    devices = [group.device for group in cluster.groups]
-    speeds = speed_models(devices, profiles, roofline, args.profile_map, table.values())
-    return cluster, network, speeds, _gradient_bytes(args, profiles, work)
+    return profiles
 
 
 def _gradient_bytes(args: argparse.Namespace, profiles: list[Any], work: ModelWork | None) -> int:

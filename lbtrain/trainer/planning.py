@@ -40,14 +40,14 @@ from lbtrain.session import (
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.workloads import Workload
 
-__all__ = ["make_plan", "plan_notes"]
+__all__ = ["check_profiled", "make_plan", "plan_notes"]
 
 # Re-timing converges in one or two rounds; a third is a guard against a plan that flips.
 RETIME_ROUNDS = 3
 
 # Timed steps per batch size, fewer than `lbtrain profile`'s: training measures every epoch,
-# and the re-planner refines the first plan from it (issue 20: profile little). Profiling
-# and re-timing use the same, so a re-timed point is as steady as a profiled one.
+# and the re-planner refines the first plan from it (issue 20: profile little). Re-timing
+# uses them too (a --profiles file of `lbtrain profile` keeps its own, more, per rung).
 REPEATS, MIN_REPEATS = 3, 2
 
 
@@ -71,7 +71,7 @@ def make_plan(
         return plan, None
     if config.profiles:
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
-        agree(comm, lambda: _check_profiled(profiles, workload, config.profiles))
+        agree(comm, lambda: check_profiled(profiles, workload, config.profiles))
     else:
         started = time.perf_counter()
         profiles = _profile(comm, config, replica, workload, make_optimizer)
@@ -284,9 +284,10 @@ def plan_notes(plan: BalancePlan) -> list[str]:
     return [note for note in notes if note]
 
 
-def _check_profiled(profiles: list[ReplicaProfile], workload: Workload, path: str) -> None:
+def check_profiled(profiles: list[ReplicaProfile], workload: Workload, path: str) -> None:
     """Refuse profiles of another workload, model or sample shape: their speeds say nothing
     about this one's. Files from before profiles named the model are checked by name alone.
+    (`lbtrain what-if --count-flops` checks its profiles against the model it counts too.)
     """
     name = workload.name
     other = sorted({p.workload for p in profiles if p.workload != name})

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from lbtrain.workloads import Workload
@@ -60,7 +60,7 @@ class _ByteCounter(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         self.total += sum(
             t.numel() * t.element_size()
-            for t in tree_leaves((args, kwargs, out))
+            for t in tree_flatten((args, kwargs, out))[0]
             if isinstance(t, torch.Tensor)
         )
         return out
@@ -84,13 +84,23 @@ def count_work(workload: Workload, batches: tuple[int, int] = (4, 8)) -> ModelWo
         batches: the two batch sizes counted; their difference gives the per-sample part.
 
     Raises:
-        ValueError: batch sizes that are not two increasing sizes >= 1.
+        ValueError: batch sizes that are not two increasing sizes >= 1, or a model whose
+            step cannot run on the meta device.
     """
     small, large = batches
     if not 1 <= small < large:
         raise ValueError(f"batches={batches!r} must be two increasing sizes >= 1")
     model = workload.build_model().to("meta").train()
-    (f1, b1), (f2, b2) = _one_step(workload, model, small), _one_step(workload, model, large)
+    try:
+        (f1, b1), (f2, b2) = _one_step(workload, model, small), _one_step(workload, model, large)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        # A model whose step needs real values (data-dependent shapes, .item()) cannot run
+        # on the meta device.
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"workload {workload.name!r}: its model's step cannot be counted on the meta "
+            f"device ({first}); give --flops-per-sample and --bytes-per-sample instead"
+        ) from None
     per_flops, per_bytes = (f2 - f1) / (large - small), (b2 - b1) / (large - small)
     trainable = [p for p in model.parameters() if p.requires_grad]
     shape = "x".join(str(s) for s in workload.sample_shape)

@@ -223,6 +223,27 @@ def test_largest_testable_patch_is_the_last_patch_that_tests_a_class_alone():
     assert largest_testable_patch(single, 0.1) is None
 
 
+def test_a_class_whose_field_slices_leave_it_untested_is_cut_as_one_slice(scene, monkeypatch):
+    """At patch 25 a slice in every field of a class can guard all of it; one slice of the
+    whole class leaves its far fields clear, and is kept when it tests more."""
+    from hyperspectral import disjoint
+
+    def untested() -> list[int]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            split = disjoint_split(scene.gt, 0.3, 25, seed=0)
+        assert not _covers_test_pixel(split.train, split.test, scene.gt.shape, 25).any()
+        return split.meta["train_only"]
+
+    with_fallback = untested()
+    monkeypatch.setattr(disjoint, "ONE_SLICE_FALLBACK", False)
+    try:
+        without = untested()
+    except ValueError:  # then no class at all keeps a test pixel
+        without = [1, 2, 3, 4]
+    assert len(with_fallback) < len(without), (with_fallback, without)
+
+
 def test_a_guard_band_that_leaves_no_test_pixel_is_one_line():
     gt = np.zeros((12, 12), dtype=np.int64)
     gt[2:6, 2:6], gt[6:10, 6:10] = 1, 2

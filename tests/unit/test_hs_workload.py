@@ -153,6 +153,9 @@ def test_a_disjoint_split_trains_every_class_and_names_those_it_cannot_test(tmp_
     assert sum(c["train"] + c["test"] + c["guard"] for c in counts["classes"]) == sum(
         c["pixels"] for c in counts["classes"]
     )
+    # Reusing the file says again which classes it does not test.
+    with pytest.warns(UserWarning, match="classes 3, 4 train but are not tested"):
+        _build(split_file=str(tmp_path / "split.npz"), patch_size=41)
     # A split file that leaves a class untested without saying so is still refused.
     split = load_split(tmp_path / "split.npz")
     split.meta = {**split.meta, "train_only": [4]}

@@ -53,7 +53,43 @@ def test_what_if_counts_the_workloads_model_and_sizes_its_gradient(capsys):
     # A bigger patch is more work per sample: the count follows the options.
     assert _what_if(*args, "--patch-size", "9") == 0
     bigger = capsys.readouterr().out
-    assert "32x9x9" in bigger
+    assert "32x9x9" in bigger and _gflop(bigger) > _gflop(out) > 0
+
+
+def _gflop(out: str) -> float:
+    """FLOP per sample from the work line ("...: 12.3 MFLOP and ...")."""
+    value, unit = out.split("parameters: ", 1)[1].split(" and ", 1)[0].split()
+    return float(value) * {"KFLOP": 1e3, "MFLOP": 1e6, "GFLOP": 1e9, "TFLOP": 1e12}[unit]
+
+
+def test_counted_flops_refuse_profiles_of_another_workload_in_one_line(capsys):
+    args = ["--cluster", "2x a100", "--global-batch", "64", "--count-flops"]
+    profiles = ["--profiles", "tests/fixtures/profiles_gpu_cpu.json"]
+    assert _what_if(*args, *profiles, "--dataset", "synthetic", "--model", "hamida") == 2
+    err = capsys.readouterr().err
+    assert "measured on workload 'patch-cnn'" in err and len(err.strip().splitlines()) == 1
+    # The cheap checks come before the workload is built: a bad cluster is reported first.
+    assert _what_if("--cluster", "2x nope", "--global-batch", "64", "--count-flops") == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_a_model_the_meta_device_cannot_run_is_one_line_naming_the_fix():
+    from torch import nn
+
+    from lbtrain.workloads import Workload
+
+    class NeedsValues(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.linear(x) * float(x.sum())  # a value, not a shape
+
+    workload = Workload(name="valued", build_model=NeedsValues, sample_shape=(4,), num_classes=3)
+    with pytest.raises(ValueError, match="cannot be counted on the meta device") as err:
+        count_work(workload)
+    assert "--flops-per-sample" in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize(
