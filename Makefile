@@ -21,14 +21,19 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 # pytest exits 5 when it collects nothing: that is a broken suite here, never a pass.
+# JOBS pytest workers (pytest-xdist), one per core by default: most of the suite is CPU
+# (torch imports in launched ranks, in-process training), and worksteal keeps both cores busy
+# to the end. JOBS=0 runs in this process, one test at a time (for pdb or -x).
+JOBS ?= auto
+XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist worksteal)
 test: lint
-	@$(PY) -m pytest -q; rc=$$?; \
+	@$(PY) -m pytest -q $(XDIST); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
 # The in-process tiers only (no mpiexec, no programs started): the edit-test loop.
 test-fast: lint
-	@$(PY) -m pytest -q -m "not slow"; rc=$$?; \
+	@$(PY) -m pytest -q $(XDIST) -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
