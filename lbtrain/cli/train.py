@@ -26,6 +26,7 @@ from lbtrain.comm import Communicator
 from lbtrain.session import agree, root_value
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import (
+    CURVES_MODES,
     DIVERGENCE_MODES,
     LOG_LEVELS,
     LR_SCHEDULES,
@@ -191,6 +192,9 @@ def add_parser(
     _add(evaluation, "divergence", "on: stop with exit 1 when the loss runs away (a step's loss "
          "above 1000 x the first step's, or 8 epochs of growth above the first epoch's); "
          "off: train on whatever happens", choices=DIVERGENCE_MODES)  # fmt: skip
+    _add(evaluation, "curves", "on: draw curves.png (loss, accuracy, measured and predicted "
+         "step, idle per rank) in the run folder at the end; off: leave it out, for many short "
+         "runs (metrics.jsonl has the same figures)", choices=CURVES_MODES)  # fmt: skip
     _add(evaluation, "trace", "write a Chrome/Perfetto trace of every rank's steps (compute, "
          "gradient sync, waiting for the slowest) to FILE in the run folder; open it at "
          "ui.perfetto.dev (default: none)", metavar="FILE")  # fmt: skip

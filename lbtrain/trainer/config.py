@@ -38,6 +38,7 @@ WEIGHTINGS = ("share", "uniform")
 REPLAN_MODES = ("auto", "off")
 OVERLAP_MODES = ("on", "off")
 DIVERGENCE_MODES = ("on", "off")
+CURVES_MODES = ("on", "off")
 LOG_LEVELS = ("debug", "info", "warning")
 
 
@@ -90,6 +91,8 @@ class TrainConfig:
         log_every: also print a line every this many steps (0: one per epoch).
         divergence: "on" stops the run (exit 1) when the loss runs away: a step's loss
             above 1000 x the first step's, or 8 epochs of growth to above the first epoch's.
+        curves: "on" draws curves.png in the run folder at the end (needs matplotlib);
+            "off" leaves it out (metrics.jsonl holds the same figures).
         trace: write a Chrome/Perfetto trace of each rank's steps to this file (None: no).
         tensorboard: also log the metrics to TensorBoard in this folder (None: no).
         log_level: the library's diagnostic lines: "info" (rank 0), "debug" (every rank,
@@ -130,6 +133,7 @@ class TrainConfig:
     quiet: bool = False
     log_every: int = 0
     divergence: str = "on"
+    curves: str = "on"
     trace: str | None = None
     tensorboard: str | None = None
     log_level: str = "info"
@@ -155,6 +159,7 @@ class TrainConfig:
         _choice(self, "replan", REPLAN_MODES)
         _choice(self, "overlap", OVERLAP_MODES)
         _choice(self, "divergence", DIVERGENCE_MODES)
+        _choice(self, "curves", CURVES_MODES)
         _choice(self, "log_level", LOG_LEVELS)
         _number(self, "lr", low=0.0, open_low=True)
         _number(self, "momentum", low=0.0, high=1.0, open_high=True)

@@ -102,7 +102,8 @@ def _stopped(setup: Setup, engine: Engine) -> TrainResult:
             "time": time.time(),
         }
     )
-    setup.on_root(lambda: draw_curves(setup.out, f"{setup.workload.name}, stopped"))
+    if setup.config.curves == "on":
+        setup.on_root(lambda: draw_curves(setup.out, f"{setup.workload.name}, stopped"))
     if comm.rank == 0:
         where = (
             f"in epoch {state.epoch + 1} after step {state.step}"
@@ -176,6 +177,7 @@ def _write_outputs(
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     title = f"{workload.name}, {setup.comm.size} rank(s), policy {plan.policy}"
-    draw_curves(out, title)
+    if setup.config.curves == "on":
+        draw_curves(out, title)
     if workload.artifacts is not None:
         workload.artifacts(ArtifactContext(out, metrics, predictions, title))

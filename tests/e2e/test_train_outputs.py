@@ -17,7 +17,7 @@ from lbtrain.trainer.config import load_toml
 
 BASE = [
     "train", "--workload", "tests.fixtures.faulty:plugin", "--global-batch", "40",
-    "--threads", "1", "--time-budget", "0.5", "--quiet", "--epochs", "1",
+    "--threads", "1", "--time-budget", "0.5", "--quiet", "--epochs", "1", "--curves", "off",
 ]  # fmt: skip
 SCENE = [
     "train", "--workload", "hyperspectral", "--dataset", "synthetic", "--model", "hu",

@@ -18,7 +18,7 @@ from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
 
 BASE = [
     "train", "--workload", "tests.fixtures.faulty:plugin", "--global-batch", "40",
-    "--threads", "1", "--time-budget", "0.5", "--quiet",
+    "--threads", "1", "--time-budget", "0.5", "--quiet", "--curves", "off",
 ]  # fmt: skip
 
 

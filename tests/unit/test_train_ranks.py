@@ -26,6 +26,7 @@ from tests.fixtures.faulty_runs import (
     plan_file,
     same,
 )
+from tests.fixtures.run_files import entries
 from tests.ranks import lbtrain_ranks
 
 
@@ -285,12 +286,12 @@ def test_a_diverging_run_stops_every_rank_with_one_line_and_exit_1(tmp_path):
 
 def test_a_run_streams_metrics_and_draws_curves_a_trace_and_tensorboard(tmp_path):
     from lbtrain.viz import check_trace, load_trace
-    from tests.fixtures.run_files import entries
 
     out = tmp_path / "run"
     job = lbtrain_ranks(
         2, *faulty("--plan", str(plan_file(tmp_path, [1.0, 3.0]))), "--epochs", "3",
-        "--eval-every", "2", "--trace", "trace.json", "--tensorboard", "tb", "--out", str(out),
+        "--eval-every", "2", "--trace", "trace.json", "--tensorboard", "tb", "--curves", "on",
+        "--out", str(out),
     )  # fmt: skip
     assert job.codes == [0, 0], job.output()
     kinds = [entry["type"] for entry in entries(out)]
@@ -308,6 +309,18 @@ def test_a_run_streams_metrics_and_draws_curves_a_trace_and_tensorboard(tmp_path
     assert list((out / "tb").glob("events.out.tfevents.*"))
 
 
+def test_curves_off_leaves_the_picture_out_and_keeps_the_figures(tmp_path):
+    out = tmp_path / "run"
+    job = lbtrain_ranks(
+        1, *faulty("--plan", str(plan_file(tmp_path, [1.0]))), "--epochs", "1", "--curves", "off",
+        "--out", str(out),
+    )  # fmt: skip
+    assert job.codes == [0], job.output()
+    assert not (out / "curves.png").exists()
+    assert [e["type"] for e in entries(out)] == ["start", "epoch", "eval", "end"]
+    assert load_toml(out / "config.toml")["curves"] == "off"
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -315,8 +328,9 @@ def test_a_run_streams_metrics_and_draws_curves_a_trace_and_tensorboard(tmp_path
         (["--trace", "trace.txt"], "--trace 'trace.txt' must end in .json"),
         (["--tensorboard", "../tb"], "--tensorboard '../tb' must name a path inside"),
         (["--divergence", "maybe"], "--divergence"),
+        (["--curves", "maybe"], "--curves"),
     ],
-    ids=["trace-absolute", "trace-suffix", "tensorboard-outside", "divergence"],
+    ids=["trace-absolute", "trace-suffix", "tensorboard-outside", "divergence", "curves"],
 )
 def test_bad_view_settings_are_one_line_before_any_work(tmp_path, args, needle):
     job = lbtrain_ranks(2, *faulty("--epochs", "1", "--out", str(tmp_path / "run")), *args)
