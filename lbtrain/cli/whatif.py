@@ -17,6 +17,7 @@ from lbtrain.cli.common import (
     positive_float,
     positive_int,
 )
+from lbtrain.cli.whatif_sweep import format_sweep, plot_sweep, sweep_type
 from lbtrain.comm import Communicator
 from lbtrain.profiling import load_profiles
 from lbtrain.report import require_matplotlib
@@ -31,6 +32,7 @@ from lbtrain.whatif.predict import (
     scaling,
     speed_models,
 )
+from lbtrain.whatif.sweep import AXES, sweep
 from lbtrain.whatif.work import ModelWork
 from lbtrain.workloads import DEFAULT_WORKLOAD, get_plugin
 
@@ -55,11 +57,18 @@ launcher, e.g.
   lbtrain what-if --cluster "4x h100, 64x cpu-core@16" --global-batch 4096 \\
       --flops-per-sample 1.2e9 --bytes-per-sample 3e6 --gradient-bytes 100e6
   lbtrain what-if --cluster "8x a100@4" --global-batch 1024 --count-flops --model hybridsn
+  lbtrain what-if --cluster "32x v100@4" --global-batch 4096 --flops-per-sample 6e8 \
+      --gradient-bytes 3e6 --sweep link=1Gb/s,10Gb/s,25Gb/s,100Gb/s
+
+--sweep AXIS=V1,V2,... predicts one step per value of one of the analytical model's five
+axes ({", ".join(AXES)}): the global batch, the count of a one-entry cluster, the
+bandwidth between nodes, or every device's peak FLOP/s or memory bandwidth as a factor of
+the table's (roofline devices only).
 
 Devices: {", ".join(sorted(BUILTIN_DEVICES))} (more with --devices-file). Checked against
 runs of 2 and 3 ranks on one 2-core machine, it predicted steps 16-41% short (ranks sharing
-cores, and the data loader, are not modelled; BENCHMARKS.md). Not built yet: spatial and
-pipeline parallelism.
+cores, and the data loader, are not modelled); against PyTorch DDP's published 10.11x on 12
+V100s it predicts 11.60x (BENCHMARKS.md). Not built yet: spatial and pipeline parallelism.
 """
 
 
@@ -95,7 +104,10 @@ def add_parser(
     add("--scaling", choices=("strong", "weak"), help="also print a scaling table")
     add("--max-devices", type=positive_int, default=64, help="scaling up to N devices (64)")
     add("--batch-per-device", type=positive_int, help="per-device batch of --scaling weak")
-    add("--plot", help="write the scaling table as an image (needs matplotlib)")
+    add("--sweep", type=sweep_type, metavar="AXIS=V1,V2,...",
+        help=f"one prediction per value of one axis: {', '.join(AXES)} (e.g. "
+        "link=10Gb/s,100Gb/s or flops=0.5,1,2)")  # fmt: skip
+    add("--plot", help="write the scaling table or the sweep as an image (needs matplotlib)")
     parser.set_defaults(run=run, workload_flags=add_workload_options(parser, workload))
     return parser
 
@@ -141,6 +153,12 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     devices = [group.device for group in cluster.groups]
     speeds = speed_models(devices, profiles, roofline, args.profile_map, table.values())
     gradient_bytes = _gradient_bytes(args, profiles, work)
+    if args.sweep is not None:
+        points = sweep(
+            args.sweep, cluster, network,
+            lambda devs: speed_models(devs, profiles, roofline, args.profile_map, table.values()),
+            args.global_batch, args.policy, gradient_bytes, args.min_batch,
+        )  # fmt: skip
     if args.global_batch is not None:
         result = predict(
             cluster, network, speeds, args.global_batch, args.policy, gradient_bytes,
@@ -159,23 +177,34 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         if args.plot:
             path = _plot(rows, args.scaling, args.plot)
             print(f"\nplot written to {path}")
+    if args.sweep is not None:
+        print(format_sweep(args.sweep.axis, points))
+        if args.plot:
+            print(f"\nplot written to {plot_sweep(args.sweep.axis, points, args.plot)}")
     return 0
 
 
 def _check_flags(args: argparse.Namespace) -> None:
     """The checks that need no file: flags that go together, the plot's path."""
-    if args.plot and not args.scaling:
+    if args.plot and not (args.scaling or args.sweep):
         raise ValueError(
-            f"--plot {args.plot!r} draws the scaling table: add --scaling strong or weak, or "
-            "drop --plot"
+            f"--plot {args.plot!r} draws the scaling table or the sweep: add --scaling strong "
+            "or weak, or --sweep, or drop --plot"
+        )
+    if args.plot and args.scaling and args.sweep:
+        raise ValueError(
+            f"--plot {args.plot!r} draws one picture: give --scaling or --sweep with it, not both"
         )
     if args.plot:
         require_matplotlib()
         check_plot_path(args.plot)
     if args.scaling == "weak" and args.batch_per_device is None:
         raise ValueError("--scaling weak needs --batch-per-device")
-    if args.scaling != "weak" and args.global_batch is None:
+    batch_swept = args.sweep is not None and args.sweep.axis == "batch"
+    if args.scaling != "weak" and args.global_batch is None and not batch_swept:
         raise ValueError("--global-batch is required (the samples of one step)")
+    if args.global_batch is None and args.sweep is not None and not batch_swept:
+        raise ValueError("--sweep needs --global-batch (the samples of one step)")
     if args.count_flops and (args.flops_per_sample or args.bytes_per_sample):
         raise ValueError(
             "--count-flops counts the FLOP and bytes per sample that --flops-per-sample and "

@@ -1,7 +1,8 @@
 """Analytical what-if models of distributed training on clusters one does not have.
 
 Pure numpy (no torch): allreduce cost models (`network`), a device table (`devices`),
-cluster/network specs (`cluster`) and the predicted step of a cluster (`predict`).
+cluster/network specs (`cluster`), the predicted step of a cluster (`predict`) and sweeps
+along one axis (`sweep`).
 Units are SI: seconds, bytes, bytes/s, FLOP/s.
 """
 
@@ -24,9 +25,11 @@ from lbtrain.whatif.predict import (
     scaling,
     speed_models,
 )
+from lbtrain.whatif.sweep import AXES, Sweep, SweepPoint, parse_sweep, sweep
 
 __all__ = [
     "ALGORITHMS",
+    "AXES",
     "BUILTIN_DEVICES",
     "Best",
     "Cluster",
@@ -39,12 +42,16 @@ __all__ = [
     "Roofline",
     "ScalingRow",
     "SpeedModel",
+    "Sweep",
+    "SweepPoint",
     "best",
     "hierarchical",
     "load_device_table",
     "parse_cluster",
     "parse_network",
+    "parse_sweep",
     "predict",
     "scaling",
     "speed_models",
+    "sweep",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "DeviceGroup",
     "Link",
     "Network",
+    "parse_bandwidth",
     "parse_cluster",
     "parse_network",
 ]
@@ -180,6 +181,15 @@ def _link(part: str, values: str) -> Link:
     if alpha < 0:
         raise ValueError(f"network part {part!r}: latency {pieces[1]!r} must be >= 0")
     return Link(alpha=alpha, beta=beta)
+
+
+def parse_bandwidth(text: str) -> float | None:
+    """Bytes/s of a bandwidth such as ``"100Gb/s"`` (units in the module docstring), or None
+    when the text is not a number and a bandwidth unit."""
+    match = _QUANTITY.match(text.strip())
+    if match is None or match["unit"] not in _BANDWIDTH_UNITS:
+        return None
+    return float(match["number"]) * _BANDWIDTH_UNITS[match["unit"]]
 
 
 def _quantity(part: str, text: str, units: dict[str, float], what: str) -> float:
