@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 from statistics import median
 from typing import Any
 
@@ -17,17 +16,16 @@ from lbtrain.cli.common import (
     positive_float,
     positive_int,
 )
+from lbtrain.cli.whatif_format import format_prediction, format_scaling, plot_scaling
+from lbtrain.cli.whatif_parallel import format_parallelism
 from lbtrain.cli.whatif_sweep import format_sweep, plot_sweep, sweep_type
 from lbtrain.comm import Communicator
 from lbtrain.profiling import load_profiles
 from lbtrain.report import require_matplotlib
-from lbtrain.viz._deps import pyplot, save_figure
 from lbtrain.whatif.cluster import Cluster, Network, parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES, load_device_table
 from lbtrain.whatif.predict import (
-    Prediction,
     Roofline,
-    ScalingRow,
     predict,
     scaling,
     speed_models,
@@ -57,7 +55,7 @@ launcher, e.g.
   lbtrain what-if --cluster "4x h100, 64x cpu-core@16" --global-batch 4096 \\
       --flops-per-sample 1.2e9 --bytes-per-sample 3e6 --gradient-bytes 100e6
   lbtrain what-if --cluster "8x a100@4" --global-batch 1024 --count-flops --model hybridsn
-  lbtrain what-if --cluster "32x v100@4" --global-batch 4096 --flops-per-sample 6e8 \
+  lbtrain what-if --cluster "32x v100@4" --global-batch 4096 --flops-per-sample 6e8 \\
       --gradient-bytes 3e6 --sweep link=1Gb/s,10Gb/s,25Gb/s,100Gb/s
 
 --sweep AXIS=V1,V2,... predicts one step per value of one of the analytical model's five
@@ -68,7 +66,12 @@ the table's (roofline devices only).
 Devices: {", ".join(sorted(BUILTIN_DEVICES))} (more with --devices-file). Checked against
 runs of 2 and 3 ranks on one 2-core machine, it predicted steps 16-41% short (ranks sharing
 cores, and the data loader, are not modelled); against PyTorch DDP's published 10.11x on 12
-V100s it predicts 11.60x (BENCHMARKS.md). Not built yet: spatial and pipeline parallelism.
+V100s it predicts 11.60x (BENCHMARKS.md).
+
+--parallelism sets data parallelism beside spatial decomposition (each image's rows split
+over k devices, halos exchanged per convolution; Dryden et al. 2019) and a layer-wise
+pipeline of k stages (GPipe-style micro-batches), each at its best k, from the model's
+layers counted on the meta device.
 """
 
 
@@ -107,6 +110,9 @@ def add_parser(
     add("--sweep", type=sweep_type, metavar="AXIS=V1,V2,...",
         help=f"one prediction per value of one axis: {', '.join(AXES)} (e.g. "
         "link=10Gb/s,100Gb/s or flops=0.5,1,2)")  # fmt: skip
+    add("--parallelism", action="store_true",
+        help="compare data, spatial and pipeline parallelism on the cluster's devices (needs "
+        "--count-flops and a one-entry cluster)")  # fmt: skip
     add("--plot", help="write the scaling table or the sweep as an image (needs matplotlib)")
     parser.set_defaults(run=run, workload_flags=add_workload_options(parser, workload))
     return parser
@@ -139,12 +145,17 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     _check_flags(args)
     table = BUILTIN_DEVICES if args.devices_file is None else load_device_table(args.devices_file)
     cluster, network = parse_cluster(args.cluster, table), parse_network(args.network)
+    if args.parallelism and len(cluster.groups) != 1:
+        raise ValueError(
+            f"--parallelism compares schemes on one kind of device, but --cluster has "
+            f"{len(cluster.groups)} entries: keep one"
+        )
     unknown = sorted(set(args.profile_map) - set(table))
     if unknown:
         raise ValueError(f"--profile-map names unknown device {unknown[0]!r}")
     profiles = _profiles(args)
     # Last, as it builds the workload (its data included): every cheap check came first.
-    work = _counted_work(args, profiles)
+    workload, work = _counted_work(args, profiles)
     roofline = None
     if work is not None:
         roofline = Roofline(work.flops_per_sample, work.bytes_per_sample)
@@ -153,6 +164,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     devices = [group.device for group in cluster.groups]
     speeds = speed_models(devices, profiles, roofline, args.profile_map, table.values())
     gradient_bytes = _gradient_bytes(args, profiles, work)
+    # Everything that can fail runs before the first line is printed.
+    if args.parallelism:
+        parallel = _parallelism(cluster, network, speeds, args.global_batch, workload)
     if args.sweep is not None:
         points = sweep(
             args.sweep, cluster, network,
@@ -175,8 +189,10 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         )
         print(format_scaling(device.device.name, args.scaling, batch, rows))
         if args.plot:
-            path = _plot(rows, args.scaling, args.plot)
+            path = plot_scaling(rows, args.scaling, args.plot)
             print(f"\nplot written to {path}")
+    if args.parallelism:
+        print(parallel)
     if args.sweep is not None:
         print(format_sweep(args.sweep.axis, points))
         if args.plot:
@@ -205,6 +221,13 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError("--global-batch is required (the samples of one step)")
     if args.global_batch is None and args.sweep is not None and not batch_swept:
         raise ValueError("--sweep needs --global-batch (the samples of one step)")
+    if args.parallelism and args.global_batch is None:
+        raise ValueError("--parallelism needs --global-batch (the samples of one step)")
+    if args.parallelism and not args.count_flops:
+        raise ValueError(
+            "--parallelism compares schemes layer by layer: add --count-flops (and the "
+            "workload's options) so the model's layers can be counted"
+        )
     if args.count_flops and (args.flops_per_sample or args.bytes_per_sample):
         raise ValueError(
             "--count-flops counts the FLOP and bytes per sample that --flops-per-sample and "
@@ -212,7 +235,7 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
 
 
-def _counted_work(args: argparse.Namespace, profiles: list[Any]) -> ModelWork | None:
+def _counted_work(args: argparse.Namespace, profiles: list[Any]) -> tuple[Any, ModelWork | None]:
     """The work counted from the workload's model under --count-flops (None without it);
     `profiles` must then be of that model and sample shape."""
     spec = args.workload or DEFAULT_WORKLOAD
@@ -222,7 +245,7 @@ def _counted_work(args: argparse.Namespace, profiles: list[Any]) -> ModelWork | 
             flags = " ".join(f"--{name.replace('_', '-')}" for name in options)
             verb = "describes" if len(options) == 1 else "describe"
             raise ValueError(f"{flags} {verb} a model to count: add --count-flops, or drop {flags}")
-        return None
+        return None, None
     from lbtrain.trainer.planning import check_profiled
     from lbtrain.whatif.work import count_work  # imports torch's flop counter
 
@@ -235,7 +258,22 @@ def _counted_work(args: argparse.Namespace, profiles: list[Any]) -> ModelWork | 
     if profiles:
         # Their speeds stand beside the counted roofline and calibrate it: of this model only.
         check_profiled(profiles, workload, args.profiles)
-    return count_work(workload)
+    return workload, count_work(workload)
+
+
+def _parallelism(
+    cluster: Cluster, network: Network, speeds: dict[str, Any], batch: int, workload: Any
+) -> str:
+    """The --parallelism table: each scheme at its best k on the one entry's devices."""
+    from lbtrain.whatif.layers import count_layers
+    from lbtrain.whatif.parallel import compare_parallelism
+
+    group = cluster.groups[0]
+    layers = count_layers(workload)
+    options = compare_parallelism(
+        layers, speeds[group.device.name], group.count, group.per_node, network, batch
+    )
+    return format_parallelism(group.device.name, group.count, group.per_node, options)
 
 
 def _has_map(plugin: Any) -> bool:
@@ -278,91 +316,3 @@ def _gradient_bytes(args: argparse.Namespace, profiles: list[Any], work: ModelWo
 def _counts(largest: int) -> list[int]:
     counts = [1 << k for k in range(largest.bit_length()) if 1 << k <= largest]
     return counts if counts[-1] == largest else [*counts, largest]
-
-
-def _ms(seconds: float) -> str:
-    return f"{1e3 * seconds:.3f}"
-
-
-def _rate(value: float, unit: str) -> str:
-    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if value >= scale:
-            return f"{value / scale:g} {prefix}{unit}"
-    return f"{value:g} {unit}"
-
-
-def format_prediction(
-    cluster: Cluster,
-    network: Network,
-    result: Prediction,
-    gradient_bytes: int,
-    work: ModelWork | None = None,
-) -> str:
-    """The plan per device group and the step's totals, in ms and samples/s."""
-    intra, inter = network.intra, network.inter
-    lines = [
-        f"what-if: {cluster.devices:,} devices on {cluster.nodes:,} nodes, policy "
-        f"{result.policy}, global batch {result.global_batch:,}",
-        f"network: intra {_rate(intra.beta, 'B/s')}, {intra.alpha * 1e6:g} us; inter "
-        f"{_rate(inter.beta, 'B/s')}, {inter.alpha * 1e6:g} us; gradient "
-        f"{_rate(gradient_bytes, 'B')}",
-    ]
-    if work is not None:
-        lines.append(
-            f"work: {work.description}, {work.parameters:,} parameters: "
-            f"{_rate(work.flops_per_sample, 'FLOP')} and {_rate(work.bytes_per_sample, 'B')} "
-            "per sample (counted; the bytes are an upper bound)"
-        )
-    lines += [
-        "",
-        f"{'device':<12}{'count':>8}{'batch each':>12}{'zero':>8}{'compute ms':>12}"
-        f"{'idle ms':>10}  speed model",
-    ]
-    for g in result.groups:
-        each = str(g.batch_max) if g.batch_min == g.batch_max else f"{g.batch_min}-{g.batch_max}"
-        model = (
-            f"{1e3 * g.speed.alpha:.4g} ms + {1e3 * g.speed.beta:.4g} ms/sample, {g.speed.source}"
-        )
-        lines.append(
-            f"{g.name:<12}{g.count:>8,}{each:>12}{g.zero:>8,}{_ms(g.compute):>12}"
-            f"{_ms(g.idle):>10}  {model}"
-        )
-    lines += [
-        "",
-        f"sync        {_ms(result.sync)} ms ({result.sync_algorithm})",
-        f"step        {_ms(result.step)} ms (compute {_ms(result.compute)} ms + sync)",
-        f"throughput  {result.throughput:,.0f} samples/s",
-        f"ideal step  {_ms(result.ideal_step)} ms; the plan reaches {result.efficiency:.1%} of it",
-    ]
-    return "\n".join(lines)
-
-
-def format_scaling(name: str, kind: str, batch: int, rows: list[ScalingRow]) -> str:
-    """The scaling table: devices, step, throughput, speedup and efficiency against one."""
-    what = f"global batch {batch:,}" if kind == "strong" else f"{batch:,} samples per device"
-    lines = [
-        "",
-        f"{kind} scaling of {name} ({what}; speedup against 1 device):",
-        f"{'devices':>8}{'batch':>10}{'step ms':>12}{'samples/s':>14}{'speedup':>9}"
-        f"{'efficiency':>12}",
-    ]
-    for r in rows:
-        lines.append(
-            f"{r.devices:>8,}{r.global_batch:>10,}{_ms(r.step):>12}{r.throughput:>14,.0f}"
-            f"{r.speedup:>9.2f}{r.efficiency:>12.1%}"
-        )
-    return "\n".join(lines)
-
-
-def _plot(rows: list[ScalingRow], kind: str, path: str) -> Path:
-    plt = pyplot()
-    devices = [r.devices for r in rows]
-    figure, axis = plt.subplots(figsize=(5, 4))
-    axis.plot(devices, [r.speedup for r in rows], marker="o", label="predicted")
-    axis.plot(devices, devices, linestyle="--", color="gray", label="perfect")
-    axis.set_xscale("log", base=2)
-    axis.set_yscale("log", base=2)
-    axis.set(xlabel="devices", ylabel="speedup", title=f"{kind} scaling (what-if)")
-    axis.legend()
-    figure.tight_layout()
-    return save_figure(figure, plt, path)

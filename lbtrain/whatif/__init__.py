@@ -2,7 +2,8 @@
 
 Pure numpy (no torch): allreduce cost models (`network`), a device table (`devices`),
 cluster/network specs (`cluster`), the predicted step of a cluster (`predict`) and sweeps
-along one axis (`sweep`).
+along one axis (`sweep`), and data against spatial and pipeline parallelism (`parallel`;
+the per-layer counts it takes come from `layers`, which imports torch).
 Units are SI: seconds, bytes, bytes/s, FLOP/s.
 """
 
@@ -15,6 +16,7 @@ from lbtrain.whatif.cluster import (
 )
 from lbtrain.whatif.devices import BUILTIN_DEVICES, DeviceSpec, load_device_table
 from lbtrain.whatif.network import ALGORITHMS, Best, Link, best, hierarchical
+from lbtrain.whatif.parallel import SCHEMES, Option, compare_parallelism, pipeline_stages
 from lbtrain.whatif.predict import (
     GroupPrediction,
     Prediction,
@@ -30,6 +32,7 @@ from lbtrain.whatif.sweep import AXES, Sweep, SweepPoint, parse_sweep, sweep
 __all__ = [
     "ALGORITHMS",
     "AXES",
+    "SCHEMES",
     "BUILTIN_DEVICES",
     "Best",
     "Cluster",
@@ -38,6 +41,7 @@ __all__ = [
     "GroupPrediction",
     "Link",
     "Network",
+    "Option",
     "Prediction",
     "Roofline",
     "ScalingRow",
@@ -45,11 +49,13 @@ __all__ = [
     "Sweep",
     "SweepPoint",
     "best",
+    "compare_parallelism",
     "hierarchical",
     "load_device_table",
     "parse_cluster",
     "parse_network",
     "parse_sweep",
+    "pipeline_stages",
     "predict",
     "scaling",
     "speed_models",

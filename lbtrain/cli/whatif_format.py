@@ -1,0 +1,101 @@
+"""`lbtrain what-if`'s prediction and scaling tables, as text and as a picture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lbtrain.viz._deps import pyplot, save_figure
+from lbtrain.whatif.cluster import Cluster, Network
+from lbtrain.whatif.predict import Prediction, ScalingRow
+from lbtrain.whatif.work import ModelWork
+
+__all__ = ["format_prediction", "format_scaling", "plot_scaling"]
+
+
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.3f}"
+
+
+def _rate(value: float, unit: str) -> str:
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= scale:
+            return f"{value / scale:g} {prefix}{unit}"
+    return f"{value:g} {unit}"
+
+
+def format_prediction(
+    cluster: Cluster,
+    network: Network,
+    result: Prediction,
+    gradient_bytes: int,
+    work: ModelWork | None = None,
+) -> str:
+    """The plan per device group and the step's totals, in ms and samples/s."""
+    intra, inter = network.intra, network.inter
+    lines = [
+        f"what-if: {cluster.devices:,} devices on {cluster.nodes:,} nodes, policy "
+        f"{result.policy}, global batch {result.global_batch:,}",
+        f"network: intra {_rate(intra.beta, 'B/s')}, {intra.alpha * 1e6:g} us; inter "
+        f"{_rate(inter.beta, 'B/s')}, {inter.alpha * 1e6:g} us; gradient "
+        f"{_rate(gradient_bytes, 'B')}",
+    ]
+    if work is not None:
+        lines.append(
+            f"work: {work.description}, {work.parameters:,} parameters: "
+            f"{_rate(work.flops_per_sample, 'FLOP')} and {_rate(work.bytes_per_sample, 'B')} "
+            "per sample (counted; the bytes are an upper bound)"
+        )
+    lines += [
+        "",
+        f"{'device':<12}{'count':>8}{'batch each':>12}{'zero':>8}{'compute ms':>12}"
+        f"{'idle ms':>10}  speed model",
+    ]
+    for g in result.groups:
+        each = str(g.batch_max) if g.batch_min == g.batch_max else f"{g.batch_min}-{g.batch_max}"
+        model = (
+            f"{1e3 * g.speed.alpha:.4g} ms + {1e3 * g.speed.beta:.4g} ms/sample, {g.speed.source}"
+        )
+        lines.append(
+            f"{g.name:<12}{g.count:>8,}{each:>12}{g.zero:>8,}{_ms(g.compute):>12}"
+            f"{_ms(g.idle):>10}  {model}"
+        )
+    lines += [
+        "",
+        f"sync        {_ms(result.sync)} ms ({result.sync_algorithm})",
+        f"step        {_ms(result.step)} ms (compute {_ms(result.compute)} ms + sync)",
+        f"throughput  {result.throughput:,.0f} samples/s",
+        f"ideal step  {_ms(result.ideal_step)} ms; the plan reaches {result.efficiency:.1%} of it",
+    ]
+    return "\n".join(lines)
+
+
+def format_scaling(name: str, kind: str, batch: int, rows: list[ScalingRow]) -> str:
+    """The scaling table: devices, step, throughput, speedup and efficiency against one."""
+    what = f"global batch {batch:,}" if kind == "strong" else f"{batch:,} samples per device"
+    lines = [
+        "",
+        f"{kind} scaling of {name} ({what}; speedup against 1 device):",
+        f"{'devices':>8}{'batch':>10}{'step ms':>12}{'samples/s':>14}{'speedup':>9}"
+        f"{'efficiency':>12}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r.devices:>8,}{r.global_batch:>10,}{_ms(r.step):>12}{r.throughput:>14,.0f}"
+            f"{r.speedup:>9.2f}{r.efficiency:>12.1%}"
+        )
+    return "\n".join(lines)
+
+
+def plot_scaling(rows: list[ScalingRow], kind: str, path: str) -> Path:
+    """The speedup against the device count, beside perfect scaling (log-log)."""
+    plt = pyplot()
+    devices = [r.devices for r in rows]
+    figure, axis = plt.subplots(figsize=(5, 4))
+    axis.plot(devices, [r.speedup for r in rows], marker="o", label="predicted")
+    axis.plot(devices, devices, linestyle="--", color="gray", label="perfect")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log", base=2)
+    axis.set(xlabel="devices", ylabel="speedup", title=f"{kind} scaling (what-if)")
+    axis.legend()
+    figure.tight_layout()
+    return save_figure(figure, plt, path)

@@ -1,0 +1,192 @@
+"""Data, spatial and pipeline parallelism compared on one kind of device (issue 22).
+
+From the per-layer work of `lbtrain.whatif.layers` and one device's speed model
+t(b) = alpha + beta x b (beta spread over the layers in proportion to their FLOP), for `n`
+identical devices and a global batch B:
+
+- **data**: every device trains ceil(B / n) whole samples (fewer samples than devices leave
+  some idle: a sample is not split), then the gradients are allreduced over all n.
+- **spatial** over k devices (Dryden et al., IPDPS 2019): n / k groups each take
+  ceil(B k / n) samples, and inside a group each device computes a slab of 1/k of every
+  image's rows through the spatial layers. Each convolution then exchanges its halo (the rows
+  its kernel reads beyond the slab) with both neighbours, forward and backward; the layers
+  after the spatial part (pooling to a vector, the classifier) run whole on every device,
+  after an allgather of the last spatial output. Every device holds all weights: the
+  gradients are allreduced over all n. Needs k <= the smallest height of a spatial layer.
+- **pipeline** over k stages (layer-wise model parallelism, as in Castelló et al.): the
+  layers are cut into k contiguous stages of near-equal FLOP; each of n / k pipelines takes
+  ceil(B k / n) samples in m micro-batches, GPipe-style: (m + k - 1) slots of the slowest
+  stage, each slot sending the stage boundary's activations forward and their gradients
+  back. A stage's weights are allreduced over the n / k pipelines. The fixed cost alpha is
+  split evenly over the stages, one of the model's assumptions.
+
+Messages of a group whose devices fit one node use the intra-node link, else the
+inter-node one. The best m is searched over powers of two up to the samples of a pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lbtrain.whatif.cluster import Network
+from lbtrain.whatif.network import Link, hierarchical
+from lbtrain.whatif.predict import SpeedModel
+
+__all__ = ["SCHEMES", "Option", "compare_parallelism", "pipeline_stages"]
+
+SCHEMES = ("data", "spatial", "pipeline")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to spread a step over the devices, and its predicted time (seconds)."""
+
+    scheme: str
+    ways: int  # devices a sample is spread over (1 for data)
+    microbatches: int  # pipeline only (1 otherwise)
+    samples: int  # samples per device (data) or per group
+    compute: float
+    communication: float  # halos and gathers, or stage-to-stage transfers
+    sync: float  # the gradient allreduce
+    global_batch: int
+
+    @property
+    def step(self) -> float:
+        """Seconds per step."""
+        return self.compute + self.communication + self.sync
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second."""
+        return self.global_batch / self.step
+
+
+def _allreduce(nbytes: float, devices: int, per_node: int, network: Network) -> float:
+    if devices <= 1 or nbytes <= 0:
+        return 0.0
+    return float(
+        hierarchical(nbytes, devices, max(1, per_node), network.intra, network.inter).seconds
+    )
+
+
+def _link(ways: int, per_node: int, network: Network) -> Link:
+    return network.intra if ways <= per_node else network.inter
+
+
+def _data(layers, speed, n, per_node, network, batch) -> Option:  # noqa: ANN001
+    samples = math.ceil(batch / n)
+    grads = sum(layer.parameter_bytes for layer in layers)
+    return Option("data", 1, 1, samples, speed.alpha + speed.beta * samples, 0.0,
+                  _allreduce(grads, n, per_node, network), batch)  # fmt: skip
+
+
+def _spatial(layers, speed, n, k, per_node, network, batch) -> Option | None:  # noqa: ANN001
+    spatial = [layer for layer in layers if layer.spatial]
+    if not spatial or min(layer.height for layer in spatial) < k:
+        return None
+    total = sum(layer.flops for layer in layers) or 1.0
+    share = (sum(layer.flops for layer in spatial) / k + sum(
+        layer.flops for layer in layers if not layer.spatial)) / total  # fmt: skip
+    samples = math.ceil(batch * k / n)
+    link = _link(k, per_node, network)
+    halos = [layer.halo_bytes for layer in spatial if layer.halo_bytes > 0]
+    # Both neighbours at once, forward and backward: two exchanges per convolution.
+    halo = 2 * sum(link.alpha + samples * h / link.beta for h in halos)
+    last = spatial[-1].output_bytes if len(spatial) < len(layers) else 0.0
+    gather = 0.0
+    if last:
+        gather = 2 * (math.ceil(math.log2(k)) * link.alpha
+                      + samples * last * (k - 1) / k / link.beta)  # fmt: skip
+    grads = sum(layer.parameter_bytes for layer in layers)
+    return Option("spatial", k, 1, samples, speed.alpha + speed.beta * samples * share,
+                  halo + gather, _allreduce(grads, n, per_node, network), batch)  # fmt: skip
+
+
+def pipeline_stages(flops: Sequence[float], k: int) -> list[int]:
+    """Where k contiguous stages start (indices into `flops`), the slowest stage as light as
+    possible: a binary search on the bound, each stage filled greedily up to it."""
+    total = sum(flops)
+
+    def cuts(bound: float) -> list[int] | None:
+        starts, load = [0], 0.0
+        for i, f in enumerate(flops):
+            if load + f > bound and load > 0:
+                starts.append(i)
+                load = 0.0
+            load += f
+        return starts if len(starts) <= k and load <= bound else None
+
+    low, high = max(flops, default=0.0), total
+    for _ in range(60):
+        middle = (low + high) / 2
+        if cuts(middle) is None:
+            low = middle
+        else:
+            high = middle
+    starts = cuts(high) or [0]
+    # Fewer stages than asked for still use k devices: split the longest stages further.
+    while len(starts) < k:
+        bounds = [*starts, len(flops)]
+        widest = max(range(len(starts)), key=lambda s: bounds[s + 1] - bounds[s])
+        if bounds[widest + 1] - bounds[widest] < 2:
+            break
+        starts.insert(widest + 1, (bounds[widest] + bounds[widest + 1]) // 2)
+    return starts
+
+
+def _pipeline(layers, speed, n, k, per_node, network, batch) -> Option | None:  # noqa: ANN001
+    if len(layers) < k:
+        return None
+    flops = [layer.flops for layer in layers]
+    starts = pipeline_stages(flops, k)
+    if len(starts) < k:
+        return None
+    bounds = [*starts, len(layers)]
+    total = sum(flops) or 1.0
+    stages = list(zip(bounds, bounds[1:], strict=False))
+    heaviest = max(sum(flops[a:b]) for a, b in stages) / total
+    boundary = max(layers[b - 1].output_bytes for b in bounds[1:-1])
+    stage_grads = max(sum(x.parameter_bytes for x in layers[a:b]) for a, b in stages)
+    samples = math.ceil(batch * k / n)
+    link = _link(k, per_node, network)
+    best: Option | None = None
+    m = 1
+    while m <= samples:
+        micro = math.ceil(samples / m)
+        slot = speed.alpha / k + speed.beta * micro * heaviest
+        transfer = 2 * (link.alpha + micro * boundary / link.beta)
+        time = (m + k - 1) * (slot + transfer)
+        compute = (m + k - 1) * slot
+        sync = _allreduce(stage_grads, n // k, max(1, per_node // k), network)
+        option = Option("pipeline", k, m, samples, compute, time - compute, sync, batch)
+        if best is None or option.step < best.step:
+            best = option
+        m *= 2
+    return best
+
+
+def compare_parallelism(
+    layers: Sequence,
+    speed: SpeedModel,
+    devices: int,
+    per_node: int,
+    network: Network,
+    global_batch: int,
+) -> list[Option]:
+    """The data option, then for each scheme its fastest k (a divisor of `devices`, k >= 2)
+    where it applies; fastest first. `layers` are `lbtrain.whatif.layers.Layer`s."""
+    if devices < 1 or global_batch < 1:
+        raise ValueError("compare_parallelism needs devices >= 1 and a global batch >= 1")
+    options = [_data(layers, speed, devices, per_node, network, global_batch)]
+    for scheme in (_spatial, _pipeline):
+        found = [
+            scheme(layers, speed, devices, k, per_node, network, global_batch)
+            for k in range(2, devices + 1)
+            if devices % k == 0
+        ]
+        found = [option for option in found if option is not None]
+        if found:
+            options.append(min(found, key=lambda option: option.step))
+    return sorted(options, key=lambda option: option.step)
