@@ -24,12 +24,8 @@ from lbtrain.profiling import load_profiles
 from lbtrain.report import require_matplotlib
 from lbtrain.whatif.cluster import Cluster, Network, parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES, load_device_table
-from lbtrain.whatif.predict import (
-    Roofline,
-    predict,
-    scaling,
-    speed_models,
-)
+from lbtrain.whatif.predict import Prediction, Roofline, predict, scaling, speed_models
+from lbtrain.whatif.subset import best_entries
 from lbtrain.whatif.sweep import AXES, sweep
 from lbtrain.whatif.work import ModelWork
 from lbtrain.workloads import DEFAULT_WORKLOAD, get_plugin
@@ -179,6 +175,8 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
             args.min_batch,
         )  # fmt: skip
         print(format_prediction(cluster, network, result, gradient_bytes, work))
+        if len(cluster.groups) > 1:
+            print(_subset_line(cluster, network, speeds, args, gradient_bytes, result))
     if args.scaling:
         device = cluster.groups[0]
         weak = args.scaling == "weak"
@@ -274,6 +272,29 @@ def _parallelism(
         layers, speeds[group.device.name], group.count, group.per_node, network, batch
     )
     return format_parallelism(group.device.name, group.count, group.per_node, options)
+
+
+def _subset_line(
+    cluster: Cluster,
+    network: Network,
+    speeds: dict[str, Any],
+    args: argparse.Namespace,
+    gradient_bytes: int,
+    whole: Prediction,
+) -> str:
+    """Which whole entries are worth their place (`lbtrain.whatif.subset`)."""
+    best = best_entries(cluster, network, speeds, args.global_batch, args.policy,
+                        gradient_bytes, args.min_batch)  # fmt: skip
+    if len(best.kept) == len(cluster.groups):
+        return "best subset  the whole cluster: leaving out any entry makes the step longer"
+    left = [f"{g.count:,}x {g.device.name}" for i, g in enumerate(cluster.groups)
+            if i not in best.kept]  # fmt: skip
+    kept = ", ".join(f"{g.count:,}x {g.device.name}" for g in best.cluster.groups)
+    step = best.prediction.step
+    return (
+        f"best subset  {kept}, leaving out {', '.join(left)}: step {1e3 * step:.3f} ms, "
+        f"{whole.step / step:.2f}x faster than the whole cluster"
+    )
 
 
 def _has_map(plugin: Any) -> bool:

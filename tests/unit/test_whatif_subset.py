@@ -1,0 +1,64 @@
+"""lbtrain.whatif.subset: which whole entries of a cluster are worth their place."""
+
+from __future__ import annotations
+
+import pytest
+
+from lbtrain.cli.main import main
+from lbtrain.comm import SingleProcessCommunicator
+from lbtrain.whatif.cluster import parse_cluster, parse_network
+from lbtrain.whatif.predict import SpeedModel, predict
+from lbtrain.whatif.subset import MAX_ENTRIES, best_entries
+
+SPEEDS = {"h100": SpeedModel(1e-3, 1e-4, "test"), "cpu-core": SpeedModel(2e-3, 1e-3, "test")}
+NETWORK = parse_network("intra=100GB/s,5us; inter=10Gb/s,2us")
+
+
+def test_cores_that_cost_more_sync_than_they_save_are_left_out():
+    cluster = parse_cluster("4x h100, 64x cpu-core@16")
+    best = best_entries(cluster, NETWORK, SPEEDS, 4096, gradient_bytes=100 * 10**6)
+    assert best.kept == (0,)
+    whole = predict(cluster, NETWORK, SPEEDS, 4096, gradient_bytes=100 * 10**6)
+    assert best.prediction.step < whole.step
+
+
+def test_cores_that_help_and_cost_no_sync_stay():
+    cluster = parse_cluster("2x h100, 64x cpu-core@16")
+    best = best_entries(cluster, NETWORK, SPEEDS, 4096, gradient_bytes=0)
+    assert best.kept == (0, 1)
+
+
+def test_a_fifth_gpu_on_its_own_node_is_not_worth_a_large_sync():
+    cluster = parse_cluster("4x h100@4, 1x h100")
+    speeds = {"h100": SpeedModel(1e-3, 1e-3, "test")}  # 512 samples: 0.5 s on one GPU
+    assert best_entries(cluster, NETWORK, speeds, 512, gradient_bytes=10**9).kept == (0,)
+    # With nothing to sync, the fifth GPU only adds compute: it stays.
+    assert best_entries(cluster, NETWORK, speeds, 512, gradient_bytes=0).kept == (0, 1)
+
+
+def test_the_best_subset_is_the_fastest_of_all_subsets():
+    cluster = parse_cluster("2x h100, 3x cpu-core@4, 1x h100@1")
+    best = best_entries(cluster, NETWORK, SPEEDS, 600, gradient_bytes=10**7)
+    steps = []
+    for kept in ((0,), (1,), (2,), (0, 1), (0, 2), (1, 2), (0, 1, 2)):
+        part = parse_cluster(", ".join(("2x h100", "3x cpu-core@4", "1x h100@1")[i] for i in kept))
+        steps.append(predict(part, NETWORK, SPEEDS, 600, gradient_bytes=10**7).step)
+    assert best.prediction.step == pytest.approx(min(steps))
+
+
+def test_too_many_entries_and_too_small_a_batch_are_one_line():
+    many = parse_cluster(", ".join(["1x h100"] * (MAX_ENTRIES + 1)))
+    with pytest.raises(ValueError, match="merge entries"):
+        best_entries(many, NETWORK, SPEEDS, 4096)
+    # Under `equal` every device needs a sample: 3 samples fit only the 2-GPU entry alone.
+    cluster = parse_cluster("2x h100, 4x cpu-core")
+    assert best_entries(cluster, NETWORK, SPEEDS, 3, "equal").kept == (0,)
+
+
+def test_the_cli_says_which_entries_to_leave_out(capsys):
+    code = main(["what-if", "--cluster", "4x h100, 64x cpu-core@16", "--profiles",
+                 "tests/fixtures/profiles_gpu_cpu.json", "--global-batch", "4096",
+                 "--gradient-bytes", "100e6"], comm=SingleProcessCommunicator())  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "best subset  4x h100, leaving out 64x cpu-core" in out
