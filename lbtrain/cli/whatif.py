@@ -24,7 +24,14 @@ from lbtrain.profiling import load_profiles
 from lbtrain.report import require_matplotlib
 from lbtrain.whatif.cluster import Cluster, Network, parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES, load_device_table
-from lbtrain.whatif.predict import Prediction, Roofline, predict, scaling, speed_models
+from lbtrain.whatif.predict import (
+    Prediction,
+    Roofline,
+    memory_caps,
+    predict,
+    scaling,
+    speed_models,
+)
 from lbtrain.whatif.subset import best_entries
 from lbtrain.whatif.sweep import AXES, sweep
 from lbtrain.whatif.work import ModelWork
@@ -160,6 +167,10 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     devices = [group.device for group in cluster.groups]
     speeds = speed_models(devices, profiles, roofline, args.profile_map, table.values())
     gradient_bytes = _gradient_bytes(args, profiles, work)
+    # Memory bounds a device's batch only where the model's activations were counted.
+    caps = {} if work is None else memory_caps(
+        devices, work.parameters, work.saved_bytes_per_sample
+    )  # fmt: skip
     # Everything that can fail runs before the first line is printed.
     if args.parallelism:
         parallel = _parallelism(cluster, network, speeds, args.global_batch, workload)
@@ -167,24 +178,25 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         points = sweep(
             args.sweep, cluster, network,
             lambda devs: speed_models(devs, profiles, roofline, args.profile_map, table.values()),
-            args.global_batch, args.policy, gradient_bytes, args.min_batch,
+            args.global_batch, args.policy, gradient_bytes, args.min_batch, caps,
         )  # fmt: skip
     if args.global_batch is not None:
         result = predict(
             cluster, network, speeds, args.global_batch, args.policy, gradient_bytes,
-            args.min_batch,
+            args.min_batch, caps,
         )  # fmt: skip
-        print(format_prediction(cluster, network, result, gradient_bytes, work))
+        print(format_prediction(cluster, network, result, gradient_bytes, work, caps))
         if len(cluster.groups) > 1:
-            print(_subset_line(cluster, network, speeds, args, gradient_bytes, result))
+            print(_subset_line(cluster, network, speeds, args, gradient_bytes, result, caps))
     if args.scaling:
         device = cluster.groups[0]
         weak = args.scaling == "weak"
         batch = args.batch_per_device if weak else args.global_batch
         counts = _counts(args.max_devices)
         rows = scaling(
-            device.device, counts, network, speeds, batch, weak, gradient_bytes, device.per_node
-        )
+            device.device, counts, network, speeds, batch, weak, gradient_bytes, device.per_node,
+            caps,
+        )  # fmt: skip
         print(format_scaling(device.device.name, args.scaling, batch, rows))
         if args.plot:
             path = plot_scaling(rows, args.scaling, args.plot)
@@ -281,10 +293,11 @@ def _subset_line(
     args: argparse.Namespace,
     gradient_bytes: int,
     whole: Prediction,
+    caps: dict[str, float],
 ) -> str:
     """Which whole entries are worth their place (`lbtrain.whatif.subset`)."""
     best = best_entries(cluster, network, speeds, args.global_batch, args.policy,
-                        gradient_bytes, args.min_batch)  # fmt: skip
+                        gradient_bytes, args.min_batch, caps)  # fmt: skip
     if len(best.kept) == len(cluster.groups):
         return "best subset  the whole cluster: leaving out any entry makes the step longer"
     left = [f"{g.count:,}x {g.device.name}" for i, g in enumerate(cluster.groups)

@@ -29,6 +29,7 @@ def format_prediction(
     result: Prediction,
     gradient_bytes: int,
     work: ModelWork | None = None,
+    caps: dict[str, float] | None = None,
 ) -> str:
     """The plan per device group and the step's totals, in ms and samples/s."""
     intra, inter = network.intra, network.inter
@@ -44,6 +45,12 @@ def format_prediction(
             f"work: {work.description}, {work.parameters:,} parameters: "
             f"{_rate(work.flops_per_sample, 'FLOP')} and {_rate(work.bytes_per_sample, 'B')} "
             "per sample (counted; the bytes are an upper bound)"
+        )
+    if caps:
+        held = ", ".join(f"{name} {cap:,.0f}" for name, cap in caps.items())
+        lines.append(
+            f"memory: at most {held} samples a device (weights, gradients, Adam's state "
+            "and the activations saved for backward, in 90% of its memory)"
         )
     lines += [
         "",

@@ -14,7 +14,8 @@ two neighbouring integers. This module computes the same thing per group:
 
 The step (the slowest device) equals `plan_batches`'s exactly; under ``cost``, devices of
 different groups with equal finishing times may hold the extra samples in another order.
-No caps: the what-if has no memory model yet.
+Caps (the most samples a device of a group holds, from its memory) bound each device, as
+`plan_batches`'s `caps` do.
 """
 
 from __future__ import annotations
@@ -61,9 +62,12 @@ def grouped_plan(
     total: int,
     policy: str = "cost",
     min_batch: int = 0,
+    caps: Sequence[float] | None = None,
 ) -> list[GroupShare]:
-    """Each group's shares of `total` samples, as `plan_batches` would give its devices."""
-    _check(counts, total, policy, min_batch)
+    """Each group's shares of `total` samples, as `plan_batches` would give its devices;
+    `caps` bound each device of a group (math.inf: no cap)."""
+    caps = [math.inf] * len(counts) if caps is None else list(caps)
+    _check(counts, total, policy, min_batch, caps)
     floor = min_batch if policy == "cost" else max(1, min_batch)
     if policy == "cost":
         group_alphas, speeds = list(alphas), [1 / b for b in betas]
@@ -75,15 +79,17 @@ def grouped_plan(
         group_alphas,
         [1 / (s * n) for s, n in zip(speeds, counts, strict=True)],
         [n * floor for n in counts],
-        [math.inf] * len(counts),
+        [n * cap for n, cap in zip(counts, caps, strict=True)],
     )
     targets = [x / n for x, n in zip(shares, counts, strict=True)]
     if policy == "cost":
-        return _min_max(targets, counts, alphas, betas, total, floor)
-    return _largest_remainder(targets, counts, speeds, total, floor)
+        return _min_max(targets, counts, alphas, betas, total, floor, caps)
+    return _largest_remainder(targets, counts, speeds, total, floor, caps)
 
 
-def _check(counts: Sequence[int], total: int, policy: str, min_batch: int) -> None:
+def _check(
+    counts: Sequence[int], total: int, policy: str, min_batch: int, caps: Sequence[float]
+) -> None:
     if policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is unknown; choose one of {', '.join(POLICIES)}")
     if not counts or min(counts) < 1:
@@ -97,12 +103,30 @@ def _check(counts: Sequence[int], total: int, policy: str, min_batch: int) -> No
             f"least policy {policy!r} gives each with min_batch={min_batch}); raise it to at "
             f"least {sum(counts) * floor:,} or use fewer devices"
         )
+    if any(cap < floor for cap in caps):
+        raise ValueError(
+            f"a device's memory holds fewer samples than the {floor} policy {policy!r} gives "
+            "each: lower --min-batch, or leave that device out"
+        )
+    room = sum(n * cap for n, cap in zip(counts, caps, strict=True))
+    if total > room:
+        raise ValueError(
+            f"global batch {total:,} does not fit the devices' memory, which holds at most "
+            f"{int(room):,} samples a step; lower the global batch or add devices"
+        )
 
 
 def _largest_remainder(
-    targets: list[float], counts: Sequence[int], speeds: list[float], total: int, floor: int
+    targets: list[float],
+    counts: Sequence[int],
+    speeds: list[float],
+    total: int,
+    floor: int,
+    caps: Sequence[float],
 ) -> list[GroupShare]:
-    bases = [max(floor, math.floor(t + 1e-9)) for t in targets]
+    bases = [
+        min(cap, max(floor, math.floor(t + 1e-9))) for t, cap in zip(targets, caps, strict=True)
+    ]
     missing = total - sum(n * b for n, b in zip(counts, bases, strict=True))
     # The balancer's order: larger fraction, then faster, then lower rank (group order).
     # Fractions are rounded: a group's target x / n carries noise that a rank's lacks.
@@ -110,6 +134,8 @@ def _largest_remainder(
     order = sorted(range(len(counts)), key=lambda g: (-fractions[g], -speeds[g], g))
     extras = [0] * len(counts)
     for g in order if missing > 0 else ():
+        if bases[g] + 1 > caps[g]:  # a group at its cap takes no extra sample
+            continue
         extras[g] = min(counts[g], missing)
         missing -= extras[g]
     for g in reversed(order) if missing < 0 else ():  # float noise: take back the last ones
@@ -126,8 +152,11 @@ def _min_max(
     betas: Sequence[float],
     total: int,
     floor: int,
+    caps: Sequence[float],
 ) -> list[GroupShare]:
-    bases = [max(floor, math.floor(t - 1e-9)) for t in targets]
+    bases = [
+        min(cap, max(floor, math.floor(t - 1e-9))) for t, cap in zip(targets, caps, strict=True)
+    ]
     missing = total - sum(n * b for n, b in zip(counts, bases, strict=True))
     while missing < 0:  # float noise: the slowest group gives a sample back on each device
         g = max((g for g in range(len(counts)) if bases[g] > floor),
@@ -136,7 +165,11 @@ def _min_max(
         missing += counts[g]
     extras = [0] * len(counts)
     # One heap entry per group: the time its devices would finish with one more sample.
-    heap = [(alphas[g] + betas[g] * (bases[g] + 1), g) for g in range(len(counts))]
+    heap = [
+        (alphas[g] + betas[g] * (bases[g] + 1), g)
+        for g in range(len(counts))
+        if bases[g] + 1 <= caps[g]
+    ]
     heapq.heapify(heap)
     while missing > 0:
         _, g = heapq.heappop(heap)
@@ -144,5 +177,6 @@ def _min_max(
         missing -= extras[g]
         if extras[g] == counts[g]:  # the whole group moved up: it competes again
             bases[g], extras[g] = bases[g] + 1, 0
-            heapq.heappush(heap, (alphas[g] + betas[g] * (bases[g] + 1), g))
+            if bases[g] + 1 <= caps[g]:
+                heapq.heappush(heap, (alphas[g] + betas[g] * (bases[g] + 1), g))
     return [GroupShare(n, b, e) for n, b, e in zip(counts, bases, extras, strict=True)]

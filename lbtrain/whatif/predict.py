@@ -35,6 +35,9 @@ from lbtrain.whatif.grouped import grouped_plan
 from lbtrain.whatif.network import hierarchical
 
 __all__ = [
+    "STATE_BYTES_PER_PARAMETER",
+    "USABLE_MEMORY",
+    "memory_caps",
     "UNCALIBRATED_EFFICIENCY",
     "GroupPrediction",
     "Prediction",
@@ -233,13 +236,17 @@ def predict(
     policy: str = "cost",
     gradient_bytes: int = 0,
     min_batch: int = 0,
+    caps: Mapping[str, float] | None = None,
 ) -> Prediction:
     """Plan `global_batch` over every device of `cluster` and predict one step.
+
+    `caps` bounds the samples a device holds, by device name (`memory_caps`); a device
+    without one has no bound.
 
     Each device is a replica with its kind's speed model (`speeds`, by device name); the
     sync is `hierarchical` over the cluster's nodes (the fullest node sets the intra-node
     time), every device taking part (idle ones add zeros), as `plan_batches` models it.
-    The plan is that of `plan_batches` on replicas of throughput 1/beta and no caps, computed
+    The plan is that of `plan_batches` on replicas of throughput 1/beta and `caps`, computed
     per group of identical devices (`lbtrain.whatif.grouped`): 100,000 devices cost no more
     than a handful of groups.
     """
@@ -257,7 +264,10 @@ def predict(
     models = [speeds[g.device.name] for g in cluster.groups]
     counts = [g.count for g in cluster.groups]
     alphas, betas = [s.alpha for s in models], [s.beta for s in models]
-    shares = grouped_plan(counts, alphas, betas, global_batch, policy, min_batch)
+    limits = [
+        math.inf if caps is None else caps.get(g.device.name, math.inf) for g in cluster.groups
+    ]
+    shares = grouped_plan(counts, alphas, betas, global_batch, policy, min_batch, limits)
     slowest = [
         s.alpha + s.beta * x.batch_max if x.batch_max else 0.0
         for s, x in zip(models, shares, strict=True)
@@ -276,7 +286,7 @@ def predict(
         )
         for g, s, x, t in zip(cluster.groups, models, shares, slowest, strict=True)
     )
-    ideal = _ideal_compute(counts, alphas, betas, global_batch)
+    ideal = _ideal_compute(counts, alphas, betas, global_batch, limits)
     return Prediction(
         policy, global_batch, groups, compute, float(sync.seconds), str(sync.algorithm),
         min(ideal, compute),
@@ -284,13 +294,18 @@ def predict(
 
 
 def _ideal_compute(
-    counts: Sequence[int], alphas: Sequence[float], betas: Sequence[float], total: int
+    counts: Sequence[int],
+    alphas: Sequence[float],
+    betas: Sequence[float],
+    total: int,
+    caps: Sequence[float],
 ) -> float:
     """T*: the continuous water-filling optimum, one entry per group (devices of a group
     are identical, so a group of n devices is one device n times as fast at the same alpha)."""
     group_betas = [b / n for b, n in zip(betas, counts, strict=True)]
     count = len(counts)
-    shares = water_fill(total, alphas, group_betas, [0] * count, [math.inf] * count)
+    upper = [n * cap for n, cap in zip(counts, caps, strict=True)]
+    shares = water_fill(total, alphas, group_betas, [0] * count, upper)
     return max(a + b * x for a, b, x in zip(alphas, group_betas, shares, strict=True) if x > 0)
 
 
@@ -319,6 +334,7 @@ def scaling(
     weak: bool = False,
     gradient_bytes: int = 0,
     per_node: int | None = None,
+    caps: Mapping[str, float] | None = None,
 ) -> list[ScalingRow]:
     """Strong scaling (global batch `batch` fixed) or weak (`batch` per device) over `counts`
     devices of one kind, `per_node` to a node (default: the kind's), against one device."""
@@ -329,7 +345,7 @@ def scaling(
     def run(n: int) -> Prediction:
         cluster = Cluster((DeviceGroup(n, device, node),))
         total = batch * n if weak else batch
-        return predict(cluster, network, speeds, total, "cost", gradient_bytes)
+        return predict(cluster, network, speeds, total, "cost", gradient_bytes, caps=caps)
 
     base = run(1).throughput
     rows = []
@@ -337,3 +353,38 @@ def scaling(
         p = run(n)
         rows.append(ScalingRow(n, p.global_batch, p.step, p.throughput, p.throughput / base))
     return rows
+
+
+# Weights, their gradients and Adam's two moments, in FP32: 16 bytes a parameter.
+STATE_BYTES_PER_PARAMETER = 16
+# What the CUDA context, the framework's buffers and fragmentation leave of device memory.
+USABLE_MEMORY = 0.9
+
+
+def memory_caps(
+    devices: Iterable[DeviceSpec], parameters: int, saved_bytes_per_sample: float
+) -> dict[str, float]:
+    """The most samples each device with its own memory holds in one step, by name.
+
+    A step holds the model's state (`STATE_BYTES_PER_PARAMETER` a parameter) and, per
+    sample, what autograd saves for the backward pass; `USABLE_MEMORY` of the device's
+    memory is counted. Devices without memory of their own (CPU cores share the host's) and
+    a model whose saved bytes were not counted get no cap. A device that cannot hold the
+    state and one sample is a one-line ValueError.
+    """
+    caps: dict[str, float] = {}
+    if saved_bytes_per_sample <= 0:
+        return caps
+    state = parameters * STATE_BYTES_PER_PARAMETER
+    for device in devices:
+        if device.memory is None:
+            continue
+        room = device.memory * USABLE_MEMORY - state
+        if room < saved_bytes_per_sample:
+            raise ValueError(
+                f"device {device.name!r}: {device.memory / 1e9:g} GB cannot hold the model's "
+                f"weights, gradients and optimizer state ({state / 1e9:.3g} GB) and one "
+                f"sample's activations ({saved_bytes_per_sample / 1e6:.3g} MB); leave it out"
+            )
+        caps[device.name] = math.floor(room / saved_bytes_per_sample)
+    return caps

@@ -37,6 +37,7 @@ def best_entries(
     policy: str = "cost",
     gradient_bytes: int = 0,
     min_batch: int = 0,
+    caps: Mapping[str, float] | None = None,
 ) -> Subset:
     """The subset of whole entries with the shortest predicted step (the whole cluster on a
     tie, then the subset with more entries). Subsets too small for the global batch under
@@ -53,8 +54,8 @@ def best_entries(
             part = Cluster(tuple(groups[i] for i in kept))
             try:
                 result = predict(part, network, speeds, global_batch, policy, gradient_bytes,
-                                 min_batch)  # fmt: skip
-            except ValueError:  # too few devices for the batch under this policy
+                                 min_batch, caps)  # fmt: skip
+            except ValueError:  # too few devices (or too little memory) for the batch
                 continue
             # Strictly faster only: the larger subset (and the whole) wins a tie.
             if best is None or result.step < best.prediction.step * (1 - 1e-12):

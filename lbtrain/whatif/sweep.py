@@ -122,6 +122,7 @@ def sweep(
     policy: str = "cost",
     gradient_bytes: int = 0,
     min_batch: int = 0,
+    caps: Mapping[str, float] | None = None,
 ) -> list[SweepPoint]:
     """Predict one step at each value of the sweep's axis (see the module docstring).
 
@@ -161,7 +162,8 @@ def sweep(
             here_speeds = speeds_for([g.device for g in here_cluster.groups])
         assert batch is not None  # checked above for every axis but batch
         result = predict(
-            here_cluster, here_network, here_speeds, batch, policy, gradient_bytes, min_batch
-        )
+            here_cluster, here_network, here_speeds, batch, policy, gradient_bytes, min_batch,
+            caps,
+        )  # fmt: skip
         points.append(SweepPoint(label, value, result))
     return points

@@ -39,6 +39,8 @@ class ModelWork:
         parameters: trainable parameters.
         gradient_bytes: bytes of their gradients: what each step allreduces.
         description: the model and the sample shape counted.
+        saved_bytes_per_sample: bytes autograd keeps for the backward pass per sample (the
+            activations that bound a device's batch); 0 when not counted.
     """
 
     flops_per_sample: float
@@ -47,6 +49,7 @@ class ModelWork:
     parameters: int
     gradient_bytes: int
     description: str
+    saved_bytes_per_sample: float = 0.0
 
 
 class _ByteCounter(TorchDispatchMode):
@@ -66,14 +69,36 @@ class _ByteCounter(TorchDispatchMode):
         return out
 
 
-def _one_step(workload: Workload, model: torch.nn.Module, batch: int) -> tuple[int, int]:
-    """FLOP and bytes of one forward, loss and backward at `batch` samples, on meta tensors."""
+def _one_step(workload: Workload, model: torch.nn.Module, batch: int) -> tuple[int, int, int]:
+    """FLOP, bytes moved and bytes saved for backward of one forward, loss and backward at
+    `batch` samples, on meta tensors."""
     inputs, targets = workload.make_batch(batch, torch.device("meta"))
     model.zero_grad(set_to_none=True)
     flops, moved = FlopCounterMode(display=False), _ByteCounter()
     with flops, moved:
         workload.loss_fn(model(inputs), targets).backward()
-    return flops.get_total_flops(), moved.total
+    return flops.get_total_flops(), moved.total, _saved_bytes(workload, model, inputs, targets)
+
+
+def _saved_bytes(
+    workload: Workload, model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor
+) -> int:
+    """Bytes autograd keeps for the backward pass of one forward and loss.
+
+    A pass of its own: the saved-tensor hooks make autograd dispatch operators of its own,
+    which the byte counter would count.
+    """
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        # A tensor kept by two operators is held once. The graph holds every packed tensor
+        # until the pass ends, so no two of them share an id.
+        saved[id(tensor)] = tensor.numel() * tensor.element_size()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        workload.loss_fn(model(inputs), targets)
+    return sum(saved.values())
 
 
 def count_work(workload: Workload, batches: tuple[int, int] = (4, 8)) -> ModelWork:
@@ -92,7 +117,10 @@ def count_work(workload: Workload, batches: tuple[int, int] = (4, 8)) -> ModelWo
         raise ValueError(f"batches={batches!r} must be two increasing sizes >= 1")
     model = workload.build_model().to("meta").train()
     try:
-        (f1, b1), (f2, b2) = _one_step(workload, model, small), _one_step(workload, model, large)
+        (f1, b1, s1), (f2, b2, s2) = (
+            _one_step(workload, model, small),
+            _one_step(workload, model, large),
+        )
     except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
         # A model whose step needs real values (data-dependent shapes, .item()) cannot run
         # on the meta device.
@@ -111,4 +139,5 @@ def count_work(workload: Workload, batches: tuple[int, int] = (4, 8)) -> ModelWo
         parameters=sum(p.numel() for p in trainable),
         gradient_bytes=sum(p.numel() * p.element_size() for p in trainable),
         description=f"{type(model).__name__} on {shape} samples",
+        saved_bytes_per_sample=max(0.0, (s2 - s1) / (large - small)),
     )

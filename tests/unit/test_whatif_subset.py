@@ -62,3 +62,39 @@ def test_the_cli_says_which_entries_to_leave_out(capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "best subset  4x h100, leaving out 64x cpu-core" in out
+
+
+def test_memory_caps_follow_the_devices_memory_and_bound_the_plan():
+    from lbtrain.whatif.devices import BUILTIN_DEVICES
+    from lbtrain.whatif.predict import STATE_BYTES_PER_PARAMETER, USABLE_MEMORY, memory_caps
+
+    t4, core = BUILTIN_DEVICES["t4"], BUILTIN_DEVICES["cpu-core"]
+    caps = memory_caps([t4, core], parameters=10**6, saved_bytes_per_sample=4e6)
+    expected = (t4.memory * USABLE_MEMORY - 10**6 * STATE_BYTES_PER_PARAMETER) // 4e6
+    assert caps == {"t4": expected}  # CPU cores share the host's memory: no cap
+    assert memory_caps([t4], 10**6, 0.0) == {}  # activations not counted: no cap
+    with pytest.raises(ValueError, match="'t4': 16 GB cannot hold"):
+        memory_caps([t4], parameters=10**9, saved_bytes_per_sample=4e6)
+    # A cap of 100 samples a T4 moves the rest of the batch to the cores.
+    speeds = {"t4": SpeedModel(1e-3, 1e-5, "test"), "cpu-core": SpeedModel(2e-3, 1e-3, "test")}
+    cluster = parse_cluster("2x t4, 16x cpu-core@16")
+    free = predict(cluster, NETWORK, speeds, 1000)
+    capped = predict(cluster, NETWORK, speeds, 1000, caps={"t4": 100})
+    assert free.groups[0].batch_max > 100 and capped.groups[0].batch_max == 100
+    assert capped.groups[1].batch_max > free.groups[1].batch_max
+    assert capped.step > free.step and capped.efficiency <= 1.0 + 1e-12
+    with pytest.raises(ValueError, match="does not fit the devices' memory"):
+        predict(parse_cluster("2x t4"), NETWORK, speeds, 201, caps={"t4": 100})
+
+
+def test_the_cli_caps_counted_models_by_memory(capsys):
+    argv = ["what-if", "--workload", "examples.resnet_cifar:workload", "--count-flops",
+            "--cluster", "4x t4"]  # fmt: skip
+    code = main([*argv, "--global-batch", "8192"], comm=SingleProcessCommunicator())
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "memory: at most t4 4," in out
+    code = main([*argv, "--global-batch", "100000"], comm=SingleProcessCommunicator())
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert "does not fit the devices' memory" in err and len(err.strip().splitlines()) == 1
