@@ -61,15 +61,19 @@ launcher, e.g.
   lbtrain what-if --cluster "32x v100@4" --global-batch 4096 --flops-per-sample 6e8 \\
       --gradient-bytes 3e6 --sweep link=1Gb/s,10Gb/s,25Gb/s,100Gb/s
 
---sweep AXIS=V1,V2,... predicts one step per value of one of the analytical model's five
-axes ({", ".join(AXES)}): the global batch, the count of a one-entry cluster, the
-bandwidth between nodes, or every device's peak FLOP/s or memory bandwidth as a factor of
-the table's (roofline devices only).
+With --count-flops, each GPU's batch is capped by its memory (the model's state and the
+activations autograd saves per sample). A cluster of several entries also gets the best
+subset of whole entries: every device syncs, so an entry can cost more than it brings.
 
-Devices: {", ".join(sorted(BUILTIN_DEVICES))} (more with --devices-file). Checked against
-runs of 2 and 3 ranks on one 2-core machine, it predicted steps 16-41% short (ranks sharing
-cores, and the data loader, are not modelled); against PyTorch DDP's published 10.11x on 12
-V100s it predicts 11.60x (BENCHMARKS.md).
+--sweep AXIS=V1,V2,... predicts one step per value of one of the analytical model's five
+axes ({", ".join(AXES)}): the global
+batch, the count of a one-entry cluster, the bandwidth between nodes, or every device's
+peak FLOP/s or memory bandwidth as a factor of the table's (roofline devices only).
+
+Devices: {", ".join(sorted(BUILTIN_DEVICES))} (more with
+--devices-file). Checked against runs of 2 and 3 ranks on one 2-core machine, it predicted
+steps 16-41% short (ranks sharing cores, and the data loader, are not modelled); against
+PyTorch DDP's published 10.11x on 12 V100s it predicts 11.60x (BENCHMARKS.md).
 
 --parallelism sets data parallelism beside spatial decomposition (each image's rows split
 over k devices, halos exchanged per convolution; Dryden et al. 2019) and a layer-wise
