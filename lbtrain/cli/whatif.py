@@ -24,6 +24,7 @@ from lbtrain.profiling import load_profiles
 from lbtrain.report import require_matplotlib
 from lbtrain.whatif.cluster import Cluster, Network, parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES, load_device_table
+from lbtrain.whatif.mix import mix_scaling
 from lbtrain.whatif.predict import (
     Prediction,
     Roofline,
@@ -193,17 +194,11 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         if len(cluster.groups) > 1:
             print(_subset_line(cluster, network, speeds, args, gradient_bytes, result, caps))
     if args.scaling:
-        device = cluster.groups[0]
-        weak = args.scaling == "weak"
-        batch = args.batch_per_device if weak else args.global_batch
-        counts = _counts(args.max_devices)
-        rows = scaling(
-            device.device, counts, network, speeds, batch, weak, gradient_bytes, device.per_node,
-            caps,
-        )  # fmt: skip
-        print(format_scaling(device.device.name, args.scaling, batch, rows))
+        rows, name, unit = _scaling(args, cluster, network, speeds, gradient_bytes, caps)
+        batch = args.batch_per_device if args.scaling == "weak" else args.global_batch
+        print(format_scaling(name, args.scaling, batch, rows, unit))
         if args.plot:
-            path = plot_scaling(rows, args.scaling, args.plot)
+            path = plot_scaling(rows, args.scaling, args.plot, unit)
             print(f"\nplot written to {path}")
     if args.parallelism:
         print(parallel)
@@ -288,6 +283,31 @@ def _parallelism(
         layers, speeds[group.device.name], group.count, group.per_node, network, batch
     )
     return format_parallelism(group.device.name, group.count, group.per_node, options)
+
+
+def _scaling(
+    args: argparse.Namespace,
+    cluster: Cluster,
+    network: Network,
+    speeds: dict[str, Any],
+    gradient_bytes: int,
+    caps: dict[str, float],
+) -> tuple[list[Any], str, str]:
+    """The scaling rows, what scales and its unit: devices of a one-entry cluster, copies of
+    a mixed one (each entry times f, up to --max-devices devices in all)."""
+    weak = args.scaling == "weak"
+    batch = args.batch_per_device if weak else args.global_batch
+    if len(cluster.groups) == 1:
+        group = cluster.groups[0]
+        counts = _counts(args.max_devices)
+        rows = scaling(group.device, counts, network, speeds, batch, weak, gradient_bytes,
+                       group.per_node, caps)  # fmt: skip
+        return rows, group.device.name, "devices"
+    copies = _counts(max(1, args.max_devices // cluster.devices))
+    rows = mix_scaling(cluster, copies, network, speeds, batch, weak, args.policy,
+                       gradient_bytes, caps)  # fmt: skip
+    mix = " + ".join(f"{g.count:,}x {g.device.name}" for g in cluster.groups)
+    return rows, f"the mix {mix}", "copies"
 
 
 def _subset_line(

@@ -76,14 +76,17 @@ def format_prediction(
     return "\n".join(lines)
 
 
-def format_scaling(name: str, kind: str, batch: int, rows: list[ScalingRow]) -> str:
-    """The scaling table: devices, step, throughput, speedup and efficiency against one."""
+def format_scaling(
+    name: str, kind: str, batch: int, rows: list[ScalingRow], unit: str = "devices"
+) -> str:
+    """The scaling table: devices (or copies of a mix), step, throughput, speedup and
+    efficiency against one."""
     what = f"global batch {batch:,}" if kind == "strong" else f"{batch:,} samples per device"
+    one = "1 device" if unit == "devices" else "1 copy"
     lines = [
         "",
-        f"{kind} scaling of {name} ({what}; speedup against 1 device):",
-        f"{'devices':>8}{'batch':>10}{'step ms':>12}{'samples/s':>14}{'speedup':>9}"
-        f"{'efficiency':>12}",
+        f"{kind} scaling of {name} ({what}; speedup against {one}):",
+        f"{unit:>8}{'batch':>10}{'step ms':>12}{'samples/s':>14}{'speedup':>9}{'efficiency':>12}",
     ]
     for r in rows:
         lines.append(
@@ -93,8 +96,9 @@ def format_scaling(name: str, kind: str, batch: int, rows: list[ScalingRow]) -> 
     return "\n".join(lines)
 
 
-def plot_scaling(rows: list[ScalingRow], kind: str, path: str) -> Path:
-    """The speedup against the device count, beside perfect scaling (log-log)."""
+def plot_scaling(rows: list[ScalingRow], kind: str, path: str, unit: str = "devices") -> Path:
+    """The speedup against the device count (or copies of a mix), beside perfect scaling
+    (log-log)."""
     plt = pyplot()
     devices = [r.devices for r in rows]
     figure, axis = plt.subplots(figsize=(5, 4))
@@ -102,7 +106,7 @@ def plot_scaling(rows: list[ScalingRow], kind: str, path: str) -> Path:
     axis.plot(devices, devices, linestyle="--", color="gray", label="perfect")
     axis.set_xscale("log", base=2)
     axis.set_yscale("log", base=2)
-    axis.set(xlabel="devices", ylabel="speedup", title=f"{kind} scaling (what-if)")
+    axis.set(xlabel=unit, ylabel="speedup", title=f"{kind} scaling (what-if)")
     axis.legend()
     figure.tight_layout()
     return save_figure(figure, plt, path)

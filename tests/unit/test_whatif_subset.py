@@ -98,3 +98,33 @@ def test_the_cli_caps_counted_models_by_memory(capsys):
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert "does not fit the devices' memory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_mix_scales_as_copies_of_every_entry():
+    from lbtrain.whatif.mix import mix_scaling
+
+    cluster = parse_cluster("2x h100, 8x cpu-core@8")
+    # Weak scaling with no bytes to sync: f copies do f times the work in the same step,
+    # less a few microseconds of latency in the larger allreduce.
+    rows = mix_scaling(cluster, [1, 2, 4], NETWORK, SPEEDS, 64, weak=True)
+    assert [r.speedup for r in rows] == pytest.approx([1, 2, 4], rel=1e-3)
+    assert rows[2].speedup < 4
+    assert [r.global_batch for r in rows] == [640, 1280, 2560]
+    # Strong scaling with a sync: below perfect, and each row is that cluster's prediction.
+    rows = mix_scaling(cluster, [1, 2, 4], NETWORK, SPEEDS, 4096, gradient_bytes=10**7)
+    assert all(r.efficiency <= 1 + 1e-12 for r in rows) and rows[-1].speedup > 1
+    four = predict(parse_cluster("8x h100, 32x cpu-core@8"), NETWORK, SPEEDS, 4096,
+                   gradient_bytes=10**7)  # fmt: skip
+    assert rows[-1].step == pytest.approx(four.step)
+
+
+def test_the_cli_scales_a_mix_by_copies(capsys):
+    code = main(["what-if", "--cluster", "4x h100, 64x cpu-core@16", "--profiles",
+                 "tests/fixtures/profiles_gpu_cpu.json", "--gradient-bytes", "1e7", "--scaling",
+                 "weak", "--batch-per-device", "64", "--max-devices", "300"],
+                comm=SingleProcessCommunicator())  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    table = out.split("weak scaling of the mix 4x h100 + 64x cpu-core")[1].splitlines()
+    assert table[1].split()[0] == "copies"
+    assert [int(line.split()[0]) for line in table[2:] if line.strip()] == [1, 2, 4]

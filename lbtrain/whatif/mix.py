@@ -1,0 +1,44 @@
+"""Scaling a mixed cluster: copies of every entry together, against one copy.
+
+A cluster such as ``"4x h100, 64x cpu-core@16"`` is a unit a site buys or books; `mix_scaling`
+predicts f copies of it (each entry's count times f, its devices per node kept) under
+strong scaling (the global batch fixed) or weak scaling (a fixed batch per device, so the
+global batch grows with the devices), as the one-kind `scaling` table does for devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from lbtrain.whatif.cluster import Cluster, Network
+from lbtrain.whatif.predict import ScalingRow, SpeedModel, predict
+
+__all__ = ["mix_scaling"]
+
+
+def mix_scaling(
+    cluster: Cluster,
+    copies: Sequence[int],
+    network: Network,
+    speeds: Mapping[str, SpeedModel],
+    batch: int,
+    weak: bool = False,
+    policy: str = "cost",
+    gradient_bytes: int = 0,
+    caps: Mapping[str, float] | None = None,
+) -> list[ScalingRow]:
+    """One row per number of copies; a row's `devices` is the copies, its speedup the
+    throughput over one copy's (so its efficiency is speedup / copies)."""
+
+    def run(f: int):  # noqa: ANN202
+        scaled = Cluster(tuple(dataclasses.replace(g, count=g.count * f) for g in cluster.groups))
+        total = batch * scaled.devices if weak else batch
+        return predict(scaled, network, speeds, total, policy, gradient_bytes, caps=caps)
+
+    base = run(1).throughput
+    rows = []
+    for f in copies:
+        p = run(f)
+        rows.append(ScalingRow(f, p.global_batch, p.step, p.throughput, p.throughput / base))
+    return rows
