@@ -176,36 +176,37 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     caps = {} if work is None else memory_caps(
         devices, work.parameters, work.saved_bytes_per_sample
     )  # fmt: skip
-    # Everything that can fail runs before the first line is printed.
+    # Everything that can fail runs before the first line is printed: the blocks are made
+    # first, then printed, then the picture drawn.
+    blocks: list[str] = []
+    drawn: Any = None
+    if args.global_batch is not None:
+        result = predict(
+            cluster, network, speeds, args.global_batch, args.policy, gradient_bytes,
+            args.min_batch, caps,
+        )  # fmt: skip
+        blocks.append(format_prediction(cluster, network, result, gradient_bytes, work, caps))
+        if len(cluster.groups) > 1:
+            blocks.append(_subset_line(cluster, network, speeds, args, gradient_bytes, result,
+                                       caps))  # fmt: skip
+    if args.scaling:
+        rows, name, unit = _scaling(args, cluster, network, speeds, gradient_bytes, caps)
+        batch = args.batch_per_device if args.scaling == "weak" else args.global_batch
+        blocks.append(format_scaling(name, args.scaling, batch, rows, unit))
+        drawn = lambda: plot_scaling(rows, args.scaling, args.plot, unit)  # noqa: E731
     if args.parallelism:
-        parallel = _parallelism(cluster, network, speeds, args.global_batch, workload)
+        blocks.append(_parallelism(cluster, network, speeds, args.global_batch, workload))
     if args.sweep is not None:
         points = sweep(
             args.sweep, cluster, network,
             lambda devs: speed_models(devs, profiles, roofline, args.profile_map, table.values()),
             args.global_batch, args.policy, gradient_bytes, args.min_batch, caps,
         )  # fmt: skip
-    if args.global_batch is not None:
-        result = predict(
-            cluster, network, speeds, args.global_batch, args.policy, gradient_bytes,
-            args.min_batch, caps,
-        )  # fmt: skip
-        print(format_prediction(cluster, network, result, gradient_bytes, work, caps))
-        if len(cluster.groups) > 1:
-            print(_subset_line(cluster, network, speeds, args, gradient_bytes, result, caps))
-    if args.scaling:
-        rows, name, unit = _scaling(args, cluster, network, speeds, gradient_bytes, caps)
-        batch = args.batch_per_device if args.scaling == "weak" else args.global_batch
-        print(format_scaling(name, args.scaling, batch, rows, unit))
-        if args.plot:
-            path = plot_scaling(rows, args.scaling, args.plot, unit)
-            print(f"\nplot written to {path}")
-    if args.parallelism:
-        print(parallel)
-    if args.sweep is not None:
-        print(format_sweep(args.sweep.axis, points))
-        if args.plot:
-            print(f"\nplot written to {plot_sweep(args.sweep.axis, points, args.plot)}")
+        blocks.append(format_sweep(args.sweep.axis, points))
+        drawn = lambda: plot_sweep(args.sweep.axis, points, args.plot)  # noqa: E731
+    print("\n".join(blocks))
+    if args.plot and drawn is not None:
+        print(f"\nplot written to {drawn()}")
     return 0
 
 
