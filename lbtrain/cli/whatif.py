@@ -33,8 +33,8 @@ from lbtrain.whatif.predict import (
     scaling,
     speed_models,
 )
-from lbtrain.whatif.subset import best_entries
-from lbtrain.whatif.sweep import AXES, sweep
+from lbtrain.whatif.subset import best_subset
+from lbtrain.whatif.sweep import AXES, check_sweep, sweep
 from lbtrain.whatif.work import ModelWork
 from lbtrain.workloads import DEFAULT_WORKLOAD, get_plugin
 
@@ -153,6 +153,14 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     _check_flags(args)
     table = BUILTIN_DEVICES if args.devices_file is None else load_device_table(args.devices_file)
     cluster, network = parse_cluster(args.cluster, table), parse_network(args.network)
+    if args.sweep is not None:
+        check_sweep(args.sweep, cluster)
+    if args.scaling and len(cluster.groups) > 1 and args.max_devices < cluster.devices:
+        raise ValueError(
+            f"--max-devices {args.max_devices} is below the mix's {cluster.devices:,} devices: "
+            "--scaling of a mixed cluster adds whole copies of it; give --max-devices "
+            f">= {cluster.devices:,}"
+        )
     if args.parallelism and len(cluster.groups) != 1:
         raise ValueError(
             f"--parallelism compares schemes on one kind of device, but --cluster has "
@@ -186,7 +194,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
             args.min_batch, caps,
         )  # fmt: skip
         blocks.append(format_prediction(cluster, network, result, gradient_bytes, work, caps))
-        if len(cluster.groups) > 1:
+        if cluster.devices > 1:
             blocks.append(_subset_line(cluster, network, speeds, args, gradient_bytes, result,
                                        caps))  # fmt: skip
     if args.scaling:
@@ -195,7 +203,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         blocks.append(format_scaling(name, args.scaling, batch, rows, unit))
         drawn = lambda: plot_scaling(rows, args.scaling, args.plot, unit)  # noqa: E731
     if args.parallelism:
-        blocks.append(_parallelism(cluster, network, speeds, args.global_batch, workload))
+        blocks.append(
+            _parallelism(cluster, network, speeds, args.global_batch, workload, gradient_bytes)
+        )
     if args.sweep is not None:
         points = sweep(
             args.sweep, cluster, network,
@@ -227,7 +237,9 @@ def _check_flags(args: argparse.Namespace) -> None:
     if args.scaling == "weak" and args.batch_per_device is None:
         raise ValueError("--scaling weak needs --batch-per-device")
     batch_swept = args.sweep is not None and args.sweep.axis == "batch"
-    if args.scaling != "weak" and args.global_batch is None and not batch_swept:
+    if args.scaling == "strong" and args.global_batch is None:
+        raise ValueError("--scaling strong needs --global-batch (the batch it holds fixed)")
+    if args.scaling is None and args.global_batch is None and not batch_swept:
         raise ValueError("--global-batch is required (the samples of one step)")
     if args.global_batch is None and args.sweep is not None and not batch_swept:
         raise ValueError("--sweep needs --global-batch (the samples of one step)")
@@ -272,7 +284,12 @@ def _counted_work(args: argparse.Namespace, profiles: list[Any]) -> tuple[Any, M
 
 
 def _parallelism(
-    cluster: Cluster, network: Network, speeds: dict[str, Any], batch: int, workload: Any
+    cluster: Cluster,
+    network: Network,
+    speeds: dict[str, Any],
+    batch: int,
+    workload: Any,
+    gradient_bytes: int,
 ) -> str:
     """The --parallelism table: each scheme at its best k on the one entry's devices."""
     from lbtrain.whatif.layers import count_layers
@@ -281,8 +298,9 @@ def _parallelism(
     group = cluster.groups[0]
     layers = count_layers(workload)
     options = compare_parallelism(
-        layers, speeds[group.device.name], group.count, group.per_node, network, batch
-    )
+        layers, speeds[group.device.name], group.count, group.per_node, network, batch,
+        gradient_bytes,
+    )  # fmt: skip
     return format_parallelism(group.device.name, group.count, group.per_node, options)
 
 
@@ -320,18 +338,26 @@ def _subset_line(
     whole: Prediction,
     caps: dict[str, float],
 ) -> str:
-    """Which whole entries are worth their place (`lbtrain.whatif.subset`)."""
-    best = best_entries(cluster, network, speeds, args.global_batch, args.policy,
-                        gradient_bytes, args.min_batch, caps)  # fmt: skip
-    if len(best.kept) == len(cluster.groups):
-        return "best subset  the whole cluster: leaving out any entry makes the step longer"
-    left = [f"{g.count:,}x {g.device.name}" for i, g in enumerate(cluster.groups)
-            if i not in best.kept]  # fmt: skip
-    kept = ", ".join(f"{g.count:,}x {g.device.name}" for g in best.cluster.groups)
+    """How many devices of each entry are worth their place (`lbtrain.whatif.subset`)."""
+    best = best_subset(cluster, network, speeds, args.global_batch, args.policy,
+                       gradient_bytes, args.min_batch, caps)  # fmt: skip
+    everything = tuple(g.count for g in cluster.groups)
+    if best.counts == everything:
+        return "best subset  every device: leaving any out makes the step no shorter"
+    kept, left = [], []
+    for group, count in zip(cluster.groups, best.counts, strict=True):
+        name = f"{group.count:,}x {group.device.name}"
+        if count == group.count:
+            kept.append(name)
+        elif count == 0:
+            left.append(name)
+        else:
+            kept.append(f"{count:,} of {name}")
+    dropped = f", leaving out {', '.join(left)}" if left else ""
     step = best.prediction.step
     return (
-        f"best subset  {kept}, leaving out {', '.join(left)}: step {1e3 * step:.3f} ms, "
-        f"{whole.step / step:.2f}x faster than the whole cluster"
+        f"best subset  {', '.join(kept)}{dropped}: step {1e3 * step:.3f} ms, "
+        f"{whole.step / step:.2f}x faster than every device"
     )
 
 

@@ -82,7 +82,8 @@ def format_scaling(
     """The scaling table: devices (or copies of a mix), step, throughput, speedup and
     efficiency against one."""
     what = f"global batch {batch:,}" if kind == "strong" else f"{batch:,} samples per device"
-    one = "1 device" if unit == "devices" else "1 copy"
+    base = rows[0].base
+    one = f"{base:,} {unit[:-1] if base == 1 else unit}"
     lines = [
         "",
         f"{kind} scaling of {name} ({what}; speedup against {one}):",
@@ -103,7 +104,8 @@ def plot_scaling(rows: list[ScalingRow], kind: str, path: str, unit: str = "devi
     devices = [r.devices for r in rows]
     figure, axis = plt.subplots(figsize=(5, 4))
     axis.plot(devices, [r.speedup for r in rows], marker="o", label="predicted")
-    axis.plot(devices, devices, linestyle="--", color="gray", label="perfect")
+    axis.plot(devices, [n / rows[0].base for n in devices], linestyle="--", color="gray",
+              label="perfect")  # fmt: skip
     axis.set_xscale("log", base=2)
     axis.set_yscale("log", base=2)
     axis.set(xlabel=unit, ylabel="speedup", title=f"{kind} scaling (what-if)")

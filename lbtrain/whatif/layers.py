@@ -15,6 +15,7 @@ run whole on every device of a spatial group.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +49,8 @@ def _halo_rows(module: nn.Module) -> int:
     if not isinstance(module, _CONVOLUTIONS) or module.weight.dim() < 4:
         return 0  # 1-D convolutions have no height to split
     kernel, dilation = module.kernel_size[-2], module.dilation[-2]
-    return (kernel - 1) * dilation // 2
+    # An even kernel reads more rows on one side: count the larger side for both.
+    return math.ceil((kernel - 1) * dilation / 2)
 
 
 def count_layers(workload: Workload, batch: int = 2) -> list[Layer]:

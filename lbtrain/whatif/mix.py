@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 
 from lbtrain.whatif.cluster import Cluster, Network
-from lbtrain.whatif.predict import ScalingRow, SpeedModel, predict
+from lbtrain.whatif.predict import ScalingRow, SpeedModel, predict, scaled_rows
 
 __all__ = ["mix_scaling"]
 
@@ -29,16 +29,11 @@ def mix_scaling(
     caps: Mapping[str, float] | None = None,
 ) -> list[ScalingRow]:
     """One row per number of copies; a row's `devices` is the copies, its speedup the
-    throughput over one copy's (so its efficiency is speedup / copies)."""
+    throughput over the first row's (one copy, or the fewest copies that hold the batch)."""
 
     def run(f: int):  # noqa: ANN202
         scaled = Cluster(tuple(dataclasses.replace(g, count=g.count * f) for g in cluster.groups))
         total = batch * scaled.devices if weak else batch
         return predict(scaled, network, speeds, total, policy, gradient_bytes, caps=caps)
 
-    base = run(1).throughput
-    rows = []
-    for f in copies:
-        p = run(f)
-        rows.append(ScalingRow(f, p.global_batch, p.step, p.throughput, p.throughput / base))
-    return rows
+    return scaled_rows(copies, run, weak)

@@ -26,6 +26,7 @@ inter-node one. The best m is searched over powers of two up to the samples of a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,7 +73,8 @@ def _allreduce(nbytes: float, devices: int, per_node: int, network: Network) -> 
 
 
 def _link(ways: int, per_node: int, network: Network) -> Link:
-    return network.intra if ways <= per_node else network.inter
+    # A group stays inside a node only when groups tile the nodes (k divides per_node).
+    return network.intra if ways <= per_node and per_node % ways == 0 else network.inter
 
 
 def _data(layers, speed, n, per_node, network, batch) -> Option:  # noqa: ANN001
@@ -97,8 +99,9 @@ def _spatial(layers, speed, n, k, per_node, network, batch) -> Option | None:  #
     last = spatial[-1].output_bytes if len(spatial) < len(layers) else 0.0
     gather = 0.0
     if last:
-        gather = 2 * (math.ceil(math.log2(k)) * link.alpha
-                      + samples * last * (k - 1) / k / link.beta)  # fmt: skip
+        # Forward only: the layers after run whole on every device, so each has the whole
+        # gradient of the gathered tensor and keeps its own rows, with no exchange.
+        gather = math.ceil(math.log2(k)) * link.alpha + samples * last * (k - 1) / k / link.beta
     grads = sum(layer.parameter_bytes for layer in layers)
     return Option("spatial", k, 1, samples, speed.alpha + speed.beta * samples * share,
                   halo + gather, _allreduce(grads, n, per_node, network), batch)  # fmt: skip
@@ -174,11 +177,18 @@ def compare_parallelism(
     per_node: int,
     network: Network,
     global_batch: int,
+    gradient_bytes: float | None = None,
 ) -> list[Option]:
     """The data option, then for each scheme its fastest k (a divisor of `devices`, k >= 2)
-    where it applies; fastest first. `layers` are `lbtrain.whatif.layers.Layer`s."""
+    where it applies; fastest first. `layers` are `lbtrain.whatif.layers.Layer`s;
+    `gradient_bytes`, when given, replaces their parameter bytes as what is allreduced
+    (spread over the layers in proportion, so a stage syncs its share)."""
     if devices < 1 or global_batch < 1:
         raise ValueError("compare_parallelism needs devices >= 1 and a global batch >= 1")
+    total = sum(layer.parameter_bytes for layer in layers)
+    if gradient_bytes is not None and total > 0:
+        scale = gradient_bytes / total
+        layers = [dataclasses.replace(x, parameter_bytes=x.parameter_bytes * scale) for x in layers]
     options = [_data(layers, speed, devices, per_node, network, global_batch)]
     for scheme in (_spatial, _pipeline):
         found = [

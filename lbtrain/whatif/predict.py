@@ -23,7 +23,7 @@ Pure Python and numpy, no torch; SI units (seconds, bytes, FLOP).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Any
@@ -317,12 +317,13 @@ class ScalingRow:
     global_batch: int
     step: float
     throughput: float
-    speedup: float  # throughput over one device's
+    speedup: float  # throughput over the base row's
+    base: int = 1  # devices of the base row: the fewest that hold the batch
 
     @property
     def efficiency(self) -> float:
-        """speedup / devices (1 is perfect scaling)."""
-        return self.speedup / self.devices
+        """speedup / (devices / base) (1 is perfect scaling)."""
+        return self.speedup * self.base / self.devices
 
 
 def scaling(
@@ -347,11 +348,33 @@ def scaling(
         total = batch * n if weak else batch
         return predict(cluster, network, speeds, total, "cost", gradient_bytes, caps=caps)
 
-    base = run(1).throughput
-    rows = []
+    return scaled_rows(counts, run, weak)
+
+
+def scaled_rows(
+    counts: Sequence[int], run: Callable[[int], Prediction], weak: bool
+) -> list[ScalingRow]:
+    """The rows of `counts` (devices, or copies of a mix) that `run` can plan, against the
+    first of them; strong scaling skips counts whose memory cannot hold the batch, weak
+    scaling (the batch per device fixed) names the flag when one device cannot."""
+    rows: list[ScalingRow] = []
+    first: Exception | None = None
     for n in counts:
-        p = run(n)
-        rows.append(ScalingRow(n, p.global_batch, p.step, p.throughput, p.throughput / base))
+        try:
+            p = run(n)
+        except ValueError as exc:
+            if weak:  # every count holds the same batch per device: none would
+                raise ValueError(
+                    f"--batch-per-device is more than a device holds, at {n:,} device(s): {exc}"
+                ) from None
+            first = first or exc
+            continue
+        base = rows[0] if rows else None
+        speedup = p.throughput / base.throughput if base else 1.0
+        rows.append(ScalingRow(n, p.global_batch, p.step, p.throughput, speedup,
+                               base.devices if base else n))  # fmt: skip
+    if not rows:
+        raise ValueError(f"--scaling strong: none of {counts[-1]:,} or fewer holds it: {first}")
     return rows
 
 

@@ -1,35 +1,55 @@
-"""The fastest part of a cluster: which whole entries are worth their place.
+"""The fastest part of a cluster: how many devices of each entry are worth their place.
 
 Every device takes part in the gradient sync, even one the plan gives no samples, so a slow
-entry can cost more in sync than it saves in compute. `best_entries` predicts every subset of
-the cluster's entries (each kept whole or left out) and returns the fastest. To ask whether a
-fifth GPU is worth it, write it as its own entry: ``"4x h100, 1x h100"``.
+entry, or the device that opens a new node, can cost more in sync than it saves in compute.
+`best_subset` predicts candidate counts of every entry and returns the fastest: for each
+entry none, all, the powers of two and the whole nodes (1, 2, 4, ... nodes) below its
+count, since the sync changes most where a node fills or a new one opens. With few
+combinations every one is predicted; with many, one entry at a time is improved until none
+improves (coordinate descent, which may stop short of the best).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from lbtrain.whatif.cluster import Cluster, Network
+from lbtrain.whatif.cluster import Cluster, DeviceGroup, Network
 from lbtrain.whatif.predict import Prediction, SpeedModel, predict
 
-__all__ = ["MAX_ENTRIES", "Subset", "best_entries"]
+__all__ = ["EXHAUSTIVE", "Subset", "best_subset"]
 
-MAX_ENTRIES = 10  # 1,023 subsets, each predicted in milliseconds
+EXHAUSTIVE = 4096  # combinations predicted one by one (milliseconds each); beyond, descent
 
 
 @dataclass(frozen=True)
 class Subset:
-    """The entries kept (indices into the cluster's groups) and their prediction."""
+    """The devices kept of each entry (0: left out) and their prediction."""
 
-    kept: tuple[int, ...]
+    counts: tuple[int, ...]
     cluster: Cluster
     prediction: Prediction
 
 
-def best_entries(
+def _candidates(group: DeviceGroup) -> list[int]:
+    """Counts worth trying for one entry: none, all, powers of two, whole nodes."""
+    n, per_node = group.count, group.per_node
+    counts = {0, n}
+    counts |= {1 << k for k in range(n.bit_length()) if 1 << k <= n}
+    counts |= {per_node << k for k in range(n.bit_length()) if per_node << k <= n}
+    return sorted(counts)
+
+
+def _part(cluster: Cluster, counts: Sequence[int]) -> Cluster:
+    return Cluster(tuple(
+        dataclasses.replace(g, count=c) for g, c in zip(cluster.groups, counts, strict=True) if c
+    ))  # fmt: skip
+
+
+def best_subset(
     cluster: Cluster,
     network: Network,
     speeds: Mapping[str, SpeedModel],
@@ -39,27 +59,58 @@ def best_entries(
     min_batch: int = 0,
     caps: Mapping[str, float] | None = None,
 ) -> Subset:
-    """The subset of whole entries with the shortest predicted step (the whole cluster on a
-    tie, then the subset with more entries). Subsets too small for the global batch under
-    the policy are skipped. Raises ValueError beyond `MAX_ENTRIES` entries."""
-    groups = cluster.groups
-    if len(groups) > MAX_ENTRIES:
-        raise ValueError(
-            f"the best subset of entries searches {2 ** len(groups) - 1:,} subsets of "
-            f"{len(groups)} entries; merge entries of the same device to at most {MAX_ENTRIES}"
-        )
-    best: Subset | None = None
-    for size in range(len(groups), 0, -1):
-        for kept in itertools.combinations(range(len(groups)), size):
-            part = Cluster(tuple(groups[i] for i in kept))
-            try:
-                result = predict(part, network, speeds, global_batch, policy, gradient_bytes,
-                                 min_batch, caps)  # fmt: skip
-            except ValueError:  # too few devices (or too little memory) for the batch
-                continue
-            # Strictly faster only: the larger subset (and the whole) wins a tie.
-            if best is None or result.step < best.prediction.step * (1 - 1e-12):
-                best = Subset(kept, part, result)
-    if best is None:
-        raise ValueError("no subset of the cluster's entries can take the global batch")
-    return best
+    """The candidate counts with the shortest predicted step; on a tie, the one with more
+    devices (the whole cluster first). Counts too small for the global batch under the
+    policy, or for the devices' memory, are skipped."""
+
+    def step(counts: tuple[int, ...]) -> tuple[float, Prediction | None]:
+        if not any(counts):
+            return math.inf, None
+        try:
+            result = predict(_part(cluster, counts), network, speeds, global_batch, policy,
+                             gradient_bytes, min_batch, caps)  # fmt: skip
+        except ValueError:  # too few devices, or too little memory, for the batch
+            return math.inf, None
+        return result.step, result
+
+    options = [_candidates(g) for g in cluster.groups]
+    whole = tuple(g.count for g in cluster.groups)
+    best, (best_step, best_result) = whole, step(whole)
+
+    def better(counts: tuple[int, ...], value: float) -> bool:
+        # Strictly faster, or as fast with more devices (a tie keeps the larger cluster).
+        if value < best_step * (1 - 1e-12):
+            return True
+        return value <= best_step * (1 + 1e-12) and sum(counts) > sum(best)
+
+    if math.prod(len(o) for o in options) <= EXHAUSTIVE:
+        trials = itertools.product(*options)
+    else:
+        trials = _descent(options, whole, step)
+    for counts in trials:
+        value, result = step(counts)
+        if result is not None and better(counts, value):
+            best, best_step, best_result = counts, value, result
+    if best_result is None:
+        raise ValueError("no subset of the cluster's devices can take the global batch")
+    return Subset(best, _part(cluster, best), best_result)
+
+
+def _descent(options, start, step):  # noqa: ANN001, ANN202
+    """Counts visited by coordinate descent from `start`: one entry at a time, to its best
+    candidate with the others held, until a pass changes nothing (at most 5 passes)."""
+    current = tuple(start)
+    for _ in range(5):
+        moved = False
+        for i, candidates in enumerate(options):
+            trial_best, trial_step = current, step(current)[0]
+            for c in candidates:
+                trial = (*current[:i], c, *current[i + 1 :])
+                yield trial
+                value = step(trial)[0]
+                if value < trial_step * (1 - 1e-12):
+                    trial_best, trial_step = trial, value
+            moved |= trial_best != current
+            current = trial_best
+        if not moved:
+            return

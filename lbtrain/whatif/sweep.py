@@ -25,7 +25,7 @@ from lbtrain.whatif.devices import DeviceSpec
 from lbtrain.whatif.network import Link
 from lbtrain.whatif.predict import Prediction, SpeedModel, predict
 
-__all__ = ["AXES", "Sweep", "SweepPoint", "parse_sweep", "sweep"]
+__all__ = ["AXES", "Sweep", "SweepPoint", "check_sweep", "parse_sweep", "sweep"]
 
 AXES = ("batch", "devices", "link", "flops", "memory-bandwidth")
 _EXAMPLES = {
@@ -100,7 +100,9 @@ def _scaled(device: DeviceSpec, key: str, factor: float) -> DeviceSpec:
     return dataclasses.replace(device, **{key: getattr(device, key) * factor})
 
 
-def _checked_cluster(axis: str, cluster: Cluster) -> None:
+def check_sweep(axis_values: Sweep, cluster: Cluster) -> None:
+    """A one-line ValueError for a sweep the cluster cannot take (before any other work)."""
+    axis = axis_values.axis
     if axis == "devices" and len(cluster.groups) != 1:
         raise ValueError(
             f"--sweep devices sets the count of a one-entry cluster, but --cluster has "
@@ -132,7 +134,7 @@ def sweep(
     speed models cannot take.
     """
     axis = axis_values.axis
-    _checked_cluster(axis, cluster)
+    check_sweep(axis_values, cluster)
     if global_batch is None and axis != "batch":
         raise ValueError("--sweep needs --global-batch (the samples of one step)")
     devices = [group.device for group in cluster.groups]
@@ -161,9 +163,10 @@ def sweep(
             ))  # fmt: skip
             here_speeds = speeds_for([g.device for g in here_cluster.groups])
         assert batch is not None  # checked above for every axis but batch
-        result = predict(
-            here_cluster, here_network, here_speeds, batch, policy, gradient_bytes, min_batch,
-            caps,
-        )  # fmt: skip
+        try:
+            result = predict(here_cluster, here_network, here_speeds, batch, policy,
+                             gradient_bytes, min_batch, caps)  # fmt: skip
+        except ValueError as exc:  # say which value of the sweep could not be planned
+            raise ValueError(f"--sweep {axis}={label}: {exc}") from None
         points.append(SweepPoint(label, value, result))
     return points

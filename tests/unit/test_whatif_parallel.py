@@ -14,7 +14,7 @@ from lbtrain.cli.main import main
 from lbtrain.comm import SingleProcessCommunicator
 from lbtrain.whatif.cluster import parse_network
 from lbtrain.whatif.layers import count_layers
-from lbtrain.whatif.parallel import compare_parallelism, pipeline_stages
+from lbtrain.whatif.parallel import _spatial, compare_parallelism, pipeline_stages
 from lbtrain.whatif.predict import SpeedModel
 from lbtrain.whatif.work import count_work
 from lbtrain.workloads import patch_cnn_workload
@@ -138,8 +138,8 @@ def test_spatial_and_pipeline_steps_equal_a_hand_computation():
     spatial = options["spatial"]
     assert spatial.ways == 2
     assert spatial.compute == pytest.approx((900 / 2 + 100) / 1000)
-    # halos: 2 x (10 + 20) bytes; gather of conv2's 500 bytes: 2 x 500 x 1/2
-    assert spatial.communication == pytest.approx((2 * 30 + 500) * 1e-6)
+    # halos: 2 x (10 + 20) bytes; gather of conv2's 500 bytes, forward only: 500 x 1/2
+    assert spatial.communication == pytest.approx((2 * 30 + 250) * 1e-6)
     data = options["data"]
     assert data.compute == pytest.approx(1.0) and data.communication == 0
     # pipeline over 2 stages: [conv1 | conv2, fc] (600 and 400 FLOP); 1 sample, m = 1:
@@ -148,3 +148,37 @@ def test_spatial_and_pipeline_steps_equal_a_hand_computation():
     assert (pipeline.ways, pipeline.microbatches) == (2, 1)
     assert pipeline.compute == pytest.approx(2 * 0.6)
     assert pipeline.communication == pytest.approx(2 * 2 * 1000e-6)
+
+
+def test_given_gradient_bytes_replace_the_parameters_and_groups_across_nodes_use_that_link():
+    from lbtrain.whatif.layers import Layer
+
+    layers = [
+        Layer("conv1", 600.0, 1000.0, 10.0, True, 8, 40),
+        Layer("conv2", 300.0, 500.0, 20.0, True, 8, 40),
+        Layer("fc", 100.0, 4.0, 0.0, False, 0, 20),
+    ]
+    speed = SpeedModel(0.0, 1.0, "test")
+    flat = parse_network("intra=1MB/s,0us")
+    counted = {o.scheme: o for o in compare_parallelism(layers, speed, 4, 4, flat, 2)}
+    given = {o.scheme: o for o in compare_parallelism(layers, speed, 4, 4, flat, 2, 10**6)}
+    assert given["data"].sync > 1000 * counted["data"].sync  # 1 MB, not 100 bytes
+    assert given["data"].compute == counted["data"].compute
+    # 12 devices, 6 a node: groups of 3 tile the nodes (the fast link), groups of 4
+    # straddle two nodes (the slow one, 1,000 times slower here).
+    two = parse_network("intra=1GB/s,0us; inter=1MB/s,0us")
+    three, four = (_spatial(layers, speed, 12, k, 6, two, 3) for k in (3, 4))
+    assert four.communication > 500 * three.communication
+
+
+def test_an_even_kernel_reads_a_row_beyond_its_slab():
+    import torch
+
+    from lbtrain.workloads import Workload
+
+    workload = Workload(
+        name="even", build_model=lambda: torch.nn.Sequential(torch.nn.Conv2d(1, 1, 2)),
+        sample_shape=(1, 8, 8), num_classes=2, loss_fn=lambda out, _t: out.mean(),
+    )  # fmt: skip
+    (conv,) = count_layers(workload)
+    assert conv.halo_bytes == 1 * 8 * 4  # one row of 8 pixels of one channel, FP32

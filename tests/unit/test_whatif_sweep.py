@@ -79,12 +79,18 @@ def test_doubling_the_peak_flops_halves_a_compute_bound_step_and_not_a_memory_bo
     assert high.compute == pytest.approx(low.compute / 2)
 
 
-def test_a_larger_batch_amortises_the_sync():
+def test_a_batch_sweep_is_the_prediction_at_each_batch():
     results = _steps("batch=256,1024,4096")
-    shares = [r.sync / r.step for r in results]
-    assert shares == sorted(shares, reverse=True)
-    throughputs = [r.throughput for r in results]
-    assert throughputs == sorted(throughputs)
+    for batch, result in zip((256, 1024, 4096), results, strict=True):
+        expected = predict(CLUSTER, NETWORK, COMPUTE_BOUND([BUILTIN_DEVICES["v100"]]), batch,
+                           "cost", GRADIENT)  # fmt: skip
+        assert result == expected
+
+
+def test_a_value_the_memory_cannot_hold_names_itself():
+    with pytest.raises(ValueError, match="--sweep batch=64: .*does not fit the devices' memory"):
+        sweep(parse_sweep("batch=16,64"), CLUSTER, NETWORK, COMPUTE_BOUND, None, "cost",
+              GRADIENT, caps={"v100": 1})  # fmt: skip
 
 
 def test_a_devices_sweep_is_the_prediction_of_that_cluster():
@@ -146,6 +152,9 @@ def test_the_cli_sweeps_the_batch_without_a_global_batch(capsys):
     [
         (["--global-batch", "64", "--sweep", "speed=1"], "AXIS one of"),
         (["--sweep", "link=1Gb/s"], "--global-batch is required"),
+        (["--sweep", "batch=64", "--scaling", "strong"], "--scaling strong needs --global-batch"),
+        (["--global-batch", "64", "--sweep", "link=1Gb/s", "--cluster", "4x v100@8"],
+         "fits one node"),
         (["--sweep", "link=1Gb/s", "--scaling", "weak", "--batch-per-device", "8"],
          "--sweep needs --global-batch"),
         (["--global-batch", "64", "--plot", "x.png"], "add --scaling strong or weak, or --sweep"),
