@@ -16,7 +16,12 @@ from lbtrain.cli.common import (
     positive_float,
     positive_int,
 )
-from lbtrain.cli.whatif_format import format_prediction, format_scaling, plot_scaling
+from lbtrain.cli.whatif_format import (
+    format_prediction,
+    format_scaling,
+    format_subset,
+    plot_scaling,
+)
 from lbtrain.cli.whatif_parallel import format_parallelism
 from lbtrain.cli.whatif_sweep import format_sweep, plot_sweep, sweep_type
 from lbtrain.comm import Communicator
@@ -24,15 +29,9 @@ from lbtrain.profiling import load_profiles
 from lbtrain.report import require_matplotlib
 from lbtrain.whatif.cluster import Cluster, Network, parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES, load_device_table
+from lbtrain.whatif.memory import memory_caps
 from lbtrain.whatif.mix import mix_scaling
-from lbtrain.whatif.predict import (
-    Prediction,
-    Roofline,
-    memory_caps,
-    predict,
-    scaling,
-    speed_models,
-)
+from lbtrain.whatif.predict import Roofline, predict, scaling, speed_models
 from lbtrain.whatif.subset import best_subset
 from lbtrain.whatif.sweep import AXES, check_sweep, sweep
 from lbtrain.whatif.work import ModelWork
@@ -195,8 +194,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         )  # fmt: skip
         blocks.append(format_prediction(cluster, network, result, gradient_bytes, work, caps))
         if cluster.devices > 1:
-            blocks.append(_subset_line(cluster, network, speeds, args, gradient_bytes, result,
-                                       caps))  # fmt: skip
+            best = best_subset(cluster, network, speeds, args.global_batch, args.policy,
+                               gradient_bytes, args.min_batch, caps)  # fmt: skip
+            blocks.append(format_subset(cluster, best, result))
     if args.scaling:
         rows, name, unit = _scaling(args, cluster, network, speeds, gradient_bytes, caps)
         batch = args.batch_per_device if args.scaling == "weak" else args.global_batch
@@ -327,38 +327,6 @@ def _scaling(
                        gradient_bytes, caps)  # fmt: skip
     mix = " + ".join(f"{g.count:,}x {g.device.name}" for g in cluster.groups)
     return rows, f"the mix {mix}", "copies"
-
-
-def _subset_line(
-    cluster: Cluster,
-    network: Network,
-    speeds: dict[str, Any],
-    args: argparse.Namespace,
-    gradient_bytes: int,
-    whole: Prediction,
-    caps: dict[str, float],
-) -> str:
-    """How many devices of each entry are worth their place (`lbtrain.whatif.subset`)."""
-    best = best_subset(cluster, network, speeds, args.global_batch, args.policy,
-                       gradient_bytes, args.min_batch, caps)  # fmt: skip
-    everything = tuple(g.count for g in cluster.groups)
-    if best.counts == everything:
-        return "best subset  every device: leaving any out makes the step no shorter"
-    kept, left = [], []
-    for group, count in zip(cluster.groups, best.counts, strict=True):
-        name = f"{group.count:,}x {group.device.name}"
-        if count == group.count:
-            kept.append(name)
-        elif count == 0:
-            left.append(name)
-        else:
-            kept.append(f"{count:,} of {name}")
-    dropped = f", leaving out {', '.join(left)}" if left else ""
-    step = best.prediction.step
-    return (
-        f"best subset  {', '.join(kept)}{dropped}: step {1e3 * step:.3f} ms, "
-        f"{whole.step / step:.2f}x faster than every device"
-    )
 
 
 def _has_map(plugin: Any) -> bool:

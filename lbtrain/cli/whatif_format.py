@@ -7,9 +7,10 @@ from pathlib import Path
 from lbtrain.viz._deps import pyplot, save_figure
 from lbtrain.whatif.cluster import Cluster, Network
 from lbtrain.whatif.predict import Prediction, ScalingRow
+from lbtrain.whatif.subset import Subset
 from lbtrain.whatif.work import ModelWork
 
-__all__ = ["format_prediction", "format_scaling", "plot_scaling"]
+__all__ = ["format_prediction", "format_scaling", "format_subset", "plot_scaling"]
 
 
 def _ms(seconds: float) -> str:
@@ -112,3 +113,25 @@ def plot_scaling(rows: list[ScalingRow], kind: str, path: str, unit: str = "devi
     axis.legend()
     figure.tight_layout()
     return save_figure(figure, plt, path)
+
+
+def format_subset(cluster: Cluster, best: Subset, whole: Prediction) -> str:
+    """The best subset's line: what to keep of each entry, and the step it gives."""
+    everything = tuple(g.count for g in cluster.groups)
+    if best.counts == everything:
+        return "best subset  every device: leaving any out makes the step no shorter"
+    kept, left = [], []
+    for group, count in zip(cluster.groups, best.counts, strict=True):
+        name = f"{group.count:,}x {group.device.name}"
+        if count == group.count:
+            kept.append(name)
+        elif count == 0:
+            left.append(name)
+        else:
+            kept.append(f"{count:,} of {name}")
+    dropped = f", leaving out {', '.join(left)}" if left else ""
+    step = best.prediction.step
+    return (
+        f"best subset  {', '.join(kept)}{dropped}: step {1e3 * step:.3f} ms, "
+        f"{whole.step / step:.2f}x faster than every device"
+    )

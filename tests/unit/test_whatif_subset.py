@@ -85,7 +85,7 @@ def test_the_cli_says_which_entries_to_leave_out(capsys):
 
 def test_memory_caps_follow_the_devices_memory_and_bound_the_plan():
     from lbtrain.whatif.devices import BUILTIN_DEVICES
-    from lbtrain.whatif.predict import STATE_BYTES_PER_PARAMETER, USABLE_MEMORY, memory_caps
+    from lbtrain.whatif.memory import STATE_BYTES_PER_PARAMETER, USABLE_MEMORY, memory_caps
 
     t4, core = BUILTIN_DEVICES["t4"], BUILTIN_DEVICES["cpu-core"]
     caps = memory_caps([t4, core], parameters=10**6, saved_bytes_per_sample=4e6)
