@@ -15,6 +15,8 @@ from lbtrain.whatif.cluster import (
     parse_network,
 )
 from lbtrain.whatif.devices import BUILTIN_DEVICES, DeviceSpec, load_device_table
+from lbtrain.whatif.memory import memory_caps
+from lbtrain.whatif.mix import mix_scaling
 from lbtrain.whatif.network import ALGORITHMS, Best, Link, best, hierarchical
 from lbtrain.whatif.parallel import SCHEMES, Option, compare_parallelism, pipeline_stages
 from lbtrain.whatif.predict import (
@@ -27,6 +29,7 @@ from lbtrain.whatif.predict import (
     scaling,
     speed_models,
 )
+from lbtrain.whatif.subset import Subset, best_subset
 from lbtrain.whatif.sweep import AXES, Sweep, SweepPoint, parse_sweep, sweep
 
 __all__ = [
@@ -46,12 +49,16 @@ __all__ = [
     "Roofline",
     "ScalingRow",
     "SpeedModel",
+    "Subset",
     "Sweep",
     "SweepPoint",
     "best",
+    "best_subset",
     "compare_parallelism",
     "hierarchical",
     "load_device_table",
+    "memory_caps",
+    "mix_scaling",
     "parse_cluster",
     "parse_network",
     "parse_sweep",
