@@ -7,7 +7,8 @@ basic blocks at 16, 32 and 64 channels, identity shortcuts that subsample and pa
 random labels: it is for counting and timing, not for accuracy. From the repository root:
 
     python -m lbtrain what-if --workload examples.resnet_cifar:workload --count-flops \
-        --cluster "12x v100@4" --scaling weak --batch-per-device 128 --max-devices 12
+        --cluster "12x v100@4" --network "intra=150GB/s,5us; inter=100Gb/s,2us" \
+        --scaling weak --batch-per-device 128 --max-devices 12
 """
 
 from __future__ import annotations

@@ -382,7 +382,8 @@ def get_plugin(spec: str) -> WorkloadPlugin:
         except (ImportError, AttributeError) as exc:
             raise ValueError(
                 f"--workload {spec!r}: cannot load {attribute!r} from module {module_name!r} "
-                f"({exc}); check the module is importable and defines that function"
+                f"({exc}); check the module is importable (a module of the current folder: run "
+                "`python -m lbtrain ...` there, or set PYTHONPATH=.) and defines that function"
             ) from exc
     if factory is None:
         raise ValueError(

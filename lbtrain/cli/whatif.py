@@ -94,7 +94,9 @@ def add_parser(
     )
     add = parser.add_argument
     add("--cluster", required=True, help='devices, e.g. "4x h100, 64x cpu-core@16" (@ per node)')
-    add("--network", default=DEFAULT_NETWORK, help=f'links (default "{DEFAULT_NETWORK}")')
+    add("--network", default=DEFAULT_NETWORK,
+        help=f'links (default "{DEFAULT_NETWORK}"); a level left out keeps its '
+        "default")  # fmt: skip
     add("--global-batch", type=positive_int, help="samples per step (all but --scaling weak)")
     add("--policy", choices=POLICIES, default="cost", help="batch sharing (default cost)")
     add("--min-batch", type=non_negative_int, default=0, help="least batch a device gets")
@@ -151,7 +153,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         return 0
     _check_flags(args)
     table = BUILTIN_DEVICES if args.devices_file is None else load_device_table(args.devices_file)
-    cluster, network = parse_cluster(args.cluster, table), parse_network(args.network)
+    cluster, network = parse_cluster(args.cluster, table), _network(args.network)
     if args.sweep is not None:
         check_sweep(args.sweep, cluster)
     if args.scaling and len(cluster.groups) > 1 and args.max_devices < cluster.devices:
@@ -218,6 +220,17 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     if args.plot and drawn is not None:
         print(f"\nplot written to {drawn()}")
     return 0
+
+
+def _network(spec: str) -> Network:
+    """--network, where a level it does not name keeps the default's (the library's
+    `parse_network` reads one level as a flat network)."""
+    given, default = parse_network(spec), parse_network(DEFAULT_NETWORK)
+    levels = {part.partition("=")[0].strip().lower() for part in spec.split(";") if part.strip()}
+    return Network(
+        intra=given.intra if "intra" in levels else default.intra,
+        inter=given.inter if "inter" in levels else default.inter,
+    )
 
 
 def _check_flags(args: argparse.Namespace) -> None:

@@ -35,7 +35,8 @@ def format_prediction(
     """The plan per device group and the step's totals, in ms and samples/s."""
     intra, inter = network.intra, network.inter
     lines = [
-        f"what-if: {cluster.devices:,} devices on {cluster.nodes:,} nodes, policy "
+        f"what-if: {cluster.devices:,} device{'s' * (cluster.devices != 1)} on "
+        f"{cluster.nodes:,} node{'s' * (cluster.nodes != 1)}, policy "
         f"{result.policy}, global batch {result.global_batch:,}",
         f"network: intra {_rate(intra.beta, 'B/s')}, {intra.alpha * 1e6:g} us; inter "
         f"{_rate(inter.beta, 'B/s')}, {inter.alpha * 1e6:g} us; gradient "
@@ -131,7 +132,10 @@ def format_subset(cluster: Cluster, best: Subset, whole: Prediction) -> str:
             kept.append(f"{count:,} of {name}")
     dropped = f", leaving out {', '.join(left)}" if left else ""
     step = best.prediction.step
-    return (
-        f"best subset  {', '.join(kept)}{dropped}: step {1e3 * step:.3f} ms, "
-        f"{whole.step / step:.2f}x faster than every device"
+    gain = whole.step / step
+    how = (
+        f"{gain:.2f}x faster than every device"
+        if gain >= 1.005
+        else "as fast as every device (the rest add less than 0.5%)"
     )
+    return f"best subset  {', '.join(kept)}{dropped}: step {1e3 * step:.3f} ms, {how}"

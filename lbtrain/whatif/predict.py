@@ -153,7 +153,13 @@ def speed_models(
             p.alpha for p in profiles if str(p.device_kind).lower() == _PROFILE_KIND[device.kind]
         ]
         alpha = median(kind_alphas) if kind_alphas else 0.0
-        source = f"roofline at {efficiency:.0%} of peak, {how}"
+        bound = (
+            "memory-bound"
+            if roofline.bytes_per_sample / device.memory_bandwidth
+            > roofline.flops_per_sample / device.flops
+            else "FLOP-bound"
+        )
+        source = f"roofline at {efficiency:.0%} of peak ({bound}), {how}"
         models[device.name] = SpeedModel(alpha, roofline.beta(device, efficiency), source)
     return models
 

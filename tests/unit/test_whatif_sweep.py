@@ -166,3 +166,14 @@ def test_each_bad_sweep_flag_is_one_line(capsys, argv, message):
     code, out, err = _cli(capsys, *BASE, *argv)
     assert code == 2 and out == ""
     assert message in err.splitlines()[0], err
+
+
+def test_a_network_naming_one_level_keeps_the_others_default(capsys):
+    code, out, err = _cli(capsys, *BASE, "--global-batch", "4096", "--network",
+                          "inter=10Gb/s,2us")  # fmt: skip
+    assert code == 0, err
+    assert "network: intra 900 GB/s, 5 us; inter 1.25 GB/s, 2 us" in out
+    assert "roofline at 50% of peak (FLOP-bound)" in out
+    code, out, err = _cli(capsys, "--cluster", "4x h100", "--flops-per-sample", "1e9",
+                          "--gradient-bytes", "0", "--global-batch", "64")  # fmt: skip
+    assert "4 devices on 1 node," in out
