@@ -35,6 +35,9 @@ def test_the_layers_add_up_to_the_whole_models_work(resnet_layers):
     assert (first.spatial, first.height, first.halo_bytes) == (True, 32, 1 * 3 * 32 * 4)
     assert [layer.spatial for layer in resnet_layers[-2:]] == [False, False]  # flatten, linear
     assert all(layer.halo_bytes == 0 for layer in resnet_layers if not layer.spatial)
+    # Forward about 97 M multiply-adds a sample, so about 3 x 2 x 97 M FLOP with backward;
+    # autograd keeps a few MB a sample for the backward pass.
+    assert 5e8 < work.flops_per_sample < 7e8 and 1e6 < work.saved_bytes_per_sample < 1e7
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
@@ -95,12 +98,12 @@ def _cli(capsys, *argv):
 
 def test_the_cli_prints_the_schemes_and_a_verdict(capsys):
     code, out, err = _cli(
-        capsys, "--workload", "examples.scene_fcn:workload", "--count-flops",
-        "--cluster", "8x v100@4", "--global-batch", "2", "--parallelism",
+        capsys, "--workload", "patch-cnn", "--count-flops",
+        "--cluster", "8x v100@4", "--global-batch", "256", "--parallelism",
     )  # fmt: skip
     assert code == 0, err
-    table = out.split("parallelism on 8x v100")[1]
-    assert "verdict: spatial over 4" in table
+    table = out.split("parallelism on 8x v100 (4 a node), global batch 256")[1]
+    assert "verdict: data parallelism" in table
     assert {"data", "spatial", "pipeline"} <= {line.split()[0] for line in table.splitlines()[2:5]}
 
 
