@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from lbtrain.whatif.work import META_ERRORS, meta_error
 from lbtrain.workloads import Workload
 
 __all__ = ["Layer", "count_layers"]
@@ -73,12 +74,8 @@ def count_layers(workload: Workload, batch: int = 2) -> list[Layer]:
         inputs, targets = workload.make_batch(batch, torch.device("meta"))
         with counter:
             workload.loss_fn(model(inputs), targets).backward()
-    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(
-            f"workload {workload.name!r}: its model's layers cannot be counted on the meta "
-            f"device ({first})"
-        ) from None
+    except META_ERRORS as exc:
+        raise meta_error(workload, "layers", exc) from None
     finally:
         for handle in handles:
             handle.remove()

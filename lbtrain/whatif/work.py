@@ -25,7 +25,20 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from lbtrain.workloads import Workload
 
-__all__ = ["ModelWork", "count_work"]
+__all__ = ["META_ERRORS", "ModelWork", "count_work", "meta_error"]
+
+# What a model raises on the meta device when its step needs real values (data-dependent
+# shapes, .item()).
+META_ERRORS = (RuntimeError, NotImplementedError, TypeError, ValueError)
+
+
+def meta_error(workload: Workload, what: str, exc: BaseException, hint: str = "") -> ValueError:
+    """The one line for a model whose `what` (step, layers) cannot run on the meta device."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return ValueError(
+        f"workload {workload.name!r}: its model's {what} cannot be counted on the meta "
+        f"device ({first}){hint}"
+    )
 
 
 @dataclass(frozen=True)
@@ -121,13 +134,9 @@ def count_work(workload: Workload, batches: tuple[int, int] = (4, 8)) -> ModelWo
             _one_step(workload, model, small),
             _one_step(workload, model, large),
         )
-    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
-        # A model whose step needs real values (data-dependent shapes, .item()) cannot run
-        # on the meta device.
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(
-            f"workload {workload.name!r}: its model's step cannot be counted on the meta "
-            f"device ({first}); give --flops-per-sample and --bytes-per-sample instead"
+    except META_ERRORS as exc:
+        raise meta_error(
+            workload, "step", exc, "; give --flops-per-sample and --bytes-per-sample instead"
         ) from None
     per_flops, per_bytes = (f2 - f1) / (large - small), (b2 - b1) / (large - small)
     trainable = [p for p in model.parameters() if p.requires_grad]
