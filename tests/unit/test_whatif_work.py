@@ -90,6 +90,10 @@ def test_a_model_the_meta_device_cannot_run_is_one_line_naming_the_fix():
     with pytest.raises(ValueError, match="cannot be counted on the meta device") as err:
         count_work(workload)
     assert "--flops-per-sample" in str(err.value) and "\n" not in str(err.value)
+    from lbtrain.whatif.layers import count_layers
+
+    with pytest.raises(ValueError, match="model's layers cannot be counted on the meta device"):
+        count_layers(workload)
 
 
 @pytest.mark.parametrize(
