@@ -23,8 +23,10 @@ uses it for both (a flat network). The results are in SI units (bytes/s, seconds
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lbtrain.whatif.devices import BUILTIN_DEVICES, DeviceSpec
@@ -83,6 +85,12 @@ class Cluster:
     def nodes(self) -> int:
         """Nodes in all groups."""
         return sum(group.nodes for group in self.groups)
+
+    def with_counts(self, counts: Sequence[int]) -> Cluster:
+        """The same entries with `counts` devices each (an entry at 0 is left out)."""
+        return Cluster(tuple(
+            dataclasses.replace(g, count=c) for g, c in zip(self.groups, counts, strict=True) if c
+        ))  # fmt: skip
 
     @property
     def max_per_node(self) -> int:

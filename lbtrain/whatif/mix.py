@@ -8,7 +8,6 @@ global batch grows with the devices), as the one-kind `scaling` table does for d
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 from lbtrain.whatif.cluster import Cluster, Network
@@ -32,7 +31,7 @@ def mix_scaling(
     throughput over the first row's (one copy, or the fewest copies that hold the batch)."""
 
     def run(f: int):  # noqa: ANN202
-        scaled = Cluster(tuple(dataclasses.replace(g, count=g.count * f) for g in cluster.groups))
+        scaled = cluster.with_counts([g.count * f for g in cluster.groups])
         total = batch * scaled.devices if weak else batch
         return predict(scaled, network, speeds, total, policy, gradient_bytes, caps=caps)
 

@@ -154,6 +154,7 @@ def _pipeline(layers, speed, n, k, per_node, network, batch) -> Option | None:  
     stage_grads = max(sum(x.parameter_bytes for x in layers[a:b]) for a, b in stages)
     samples = math.ceil(batch * k / n)
     link = _link(k, per_node, network)
+    sync = _allreduce(stage_grads, n // k, max(1, per_node // k), network)
     best: Option | None = None
     m = 1
     while m <= samples:
@@ -162,7 +163,6 @@ def _pipeline(layers, speed, n, k, per_node, network, batch) -> Option | None:  
         transfer = 2 * (link.alpha + micro * boundary / link.beta)
         time = (m + k - 1) * (slot + transfer)
         compute = (m + k - 1) * slot
-        sync = _allreduce(stage_grads, n // k, max(1, per_node // k), network)
         option = Option("pipeline", k, m, samples, compute, time - compute, sync, batch)
         if best is None or option.step < best.step:
             best = option

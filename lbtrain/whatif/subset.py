@@ -11,10 +11,10 @@ improves (coordinate descent, which may stop short of the best).
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lbtrain.whatif.cluster import Cluster, DeviceGroup, Network
@@ -43,12 +43,6 @@ def _candidates(group: DeviceGroup) -> list[int]:
     return sorted(counts)
 
 
-def _part(cluster: Cluster, counts: Sequence[int]) -> Cluster:
-    return Cluster(tuple(
-        dataclasses.replace(g, count=c) for g, c in zip(cluster.groups, counts, strict=True) if c
-    ))  # fmt: skip
-
-
 def best_subset(
     cluster: Cluster,
     network: Network,
@@ -63,11 +57,12 @@ def best_subset(
     devices (the whole cluster first). Counts too small for the global batch under the
     policy, or for the devices' memory, are skipped."""
 
+    @functools.cache  # the descent visits a count again, and the main loop after it
     def step(counts: tuple[int, ...]) -> tuple[float, Prediction | None]:
         if not any(counts):
             return math.inf, None
         try:
-            result = predict(_part(cluster, counts), network, speeds, global_batch, policy,
+            result = predict(cluster.with_counts(counts), network, speeds, global_batch, policy,
                              gradient_bytes, min_batch, caps)  # fmt: skip
         except ValueError:  # too few devices, or too little memory, for the batch
             return math.inf, None
@@ -93,7 +88,7 @@ def best_subset(
             best, best_step, best_result = counts, value, result
     if best_result is None:
         raise ValueError("no subset of the cluster's devices can take the global batch")
-    return Subset(best, _part(cluster, best), best_result)
+    return Subset(best, cluster.with_counts(best), best_result)
 
 
 def _descent(options, start, step):  # noqa: ANN001, ANN202

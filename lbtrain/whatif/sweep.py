@@ -153,7 +153,7 @@ def sweep(
         if axis == "batch":
             batch = int(value)
         elif axis == "devices":
-            here_cluster = Cluster((dataclasses.replace(cluster.groups[0], count=int(value)),))
+            here_cluster = cluster.with_counts([int(value)])
         elif axis == "link":
             here_network = Network(network.intra, Link(alpha=network.inter.alpha, beta=value))
         else:
