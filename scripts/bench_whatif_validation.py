@@ -17,7 +17,13 @@
 4. The table: per configuration, the predicted and measured step and the median |error| over
    the measured epochs, against the issue's target of 15%.
 
+With --devices (a GPU machine: `--devices cuda:0,cpu`), the clusters are those devices
+instead, unslowed: each distinct device is profiled alone on one rank (`lbtrain profile
+--devices D`), what-if predicts the mixed job from those profiles, and `lbtrain train
+--devices ...` measures it (scripts/gpu_acceptance.sh runs this).
+
     .venv/bin/python scripts/bench_whatif_validation.py [--workdir DIR] [--epochs 4] [--together]
+        [--devices D0,D1,...]
 """
 
 from __future__ import annotations
@@ -39,13 +45,23 @@ SHARED_MEMORY = "intra=5GB/s,5us; inter=5GB/s,5us"
 TARGET = 0.15
 
 
-def _profile(workdir: Path) -> Path:
-    path = workdir / "profile-1rank.json"
+def _profile(workdir: Path, device: str | None = None) -> Path:
+    """One rank's profile, alone on the machine (on `device`, or the default one)."""
+    path = workdir / (f"profile-{device.replace(':', '')}.json" if device else "profile-1rank.json")
     if not path.exists():
         options = [*bc.DEMO_MODEL, "--batch-sizes", "4,8,16,32,64", "--repeats", "5"]
         options += ["--time-budget", "60"]  # every rung, whatever the machine's speed
+        options += ["--devices", device] if device else []
         bc.run_command([*bc.lbtrain("profile", 1, options), "--output", str(path)])
     return path
+
+
+def _solo(workdir: Path, devices: tuple[str, ...] | None) -> list[dict]:
+    """The one-rank profiles: one for every rank of `devices` (each device's own, taken
+    alone), or the default device's for the emulated clusters."""
+    if not devices:
+        return [json.loads(_profile(workdir).read_text())["profiles"][0]]
+    return [json.loads(_profile(workdir, d).read_text())["profiles"][0] for d in devices]
 
 
 def _together(workdir: Path, factors: tuple[float, ...]) -> list[dict]:
@@ -97,23 +113,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--together", action="store_true", help="profile on the job's ranks, not one alone"
     )
+    parser.add_argument(
+        "--devices", help="one device per rank (cuda:0,cpu): predict and run that job, unslowed"
+    )
     args = parser.parse_args(argv)
+    devices = tuple(d.strip() for d in args.devices.split(",")) if args.devices else None
+    if devices and (args.together or len(devices) < 2 or not all(devices)):
+        parser.error("--devices takes two or more devices (cuda:0,cpu), without --together")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lbtrain-whatif-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    solo = json.loads(_profile(workdir).read_text())["profiles"][0]
+    solo = _solo(workdir, devices)
     split = bc.bench_split(workdir)
+    clusters = {f"devices {args.devices}": (1.0,) * len(devices)} if devices else CLUSTERS
     rows, missed = [], 0
-    for name, factors in CLUSTERS.items():
+    for name, factors in clusters.items():
         for policy in POLICIES:
-            profiles = _together(workdir, factors) if args.together else [solo]
+            profiles = _together(workdir, factors) if args.together else solo
             result = _predict(profiles, factors, policy)
             tag = f"{len(factors)}r-{policy}{'-together' if args.together else ''}"
             plan = _plan_file(workdir / f"plan-{tag}.json", result, policy, factors)
             options = [
                 *bc.DEMO_MODEL, "--global-batch", str(bc.DEMO_BATCH), "--epochs",
                 str(args.epochs), "--no-map", "--replan", "off", "--split-file", str(split),
-                "--emulate-slowdown", ",".join(f"{f:g}" for f in factors), "--plan", str(plan),
+                "--plan", str(plan),
             ]  # fmt: skip
+            if devices:
+                options += ["--devices", args.devices]
+            else:
+                options += ["--emulate-slowdown", ",".join(f"{f:g}" for f in factors)]
             run = bc.train(len(factors), options, workdir)
             measured = [e["step_seconds"] for e in bc.measured_epochs(bc.epochs_of(run.out))]
             errors = [abs(result.step - m) / m for m in measured]
@@ -126,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'yes' if error <= TARGET else 'NO'} |"
             )
     how = "each rank profiled with the others" if args.together else "scaled by slowdown"
-    print(f"\nsolo profile: alpha {1e3 * solo['alpha']:.2f} ms, beta {1e3 * solo['beta']:.3f} "
-          f"ms/sample on one rank, one thread ({workdir}); {how}")  # fmt: skip
+    for device, one in zip(devices or ("the default device",), solo, strict=True):
+        print(f"\nsolo profile on {device}: alpha {1e3 * one['alpha']:.2f} ms, beta "
+              f"{1e3 * one['beta']:.3f} ms/sample on one rank, one thread ({workdir})"
+              + ("" if devices else f"; {how}"))  # fmt: skip
     print("\n| cluster | policy | batches | predicted step (ms) | measured step (ms) | "
           "median abs error | <= 15% |")  # fmt: skip
     print("|---|---|---|---:|---:|---:|---|")

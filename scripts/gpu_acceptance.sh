@@ -11,6 +11,9 @@
 #                   hybridsn: the balance report (zero shares expected for the CPUs) and the
 #                   measured against the predicted step
 #   5. sync-bench   scripts/bench_sync.py with both ranks on cuda:0 (figures: MEASURED)
+#   6. whatif       issue 22's GPU validation: each of cuda:0 and a CPU rank profiled alone,
+#                   what-if's prediction of the mixed job against lbtrain train's step, per
+#                   policy (figures: MEASURED; the target is a median error <= 15%)
 # and writes OUT_DIR/summary.md: one table, a row per step (PASS / FAIL / SKIP and the
 # figures that matter). Paste it into BENCHMARKS.md. It never stops at the first failure:
 # the table says what failed, and the exit status is 1 if anything did.
@@ -107,6 +110,17 @@ if grep -q "raw Allreduce" "$OUT/sync-bench.log"; then
         "$OUT/sync-bench.log" | awk -F'  +' '{print $2 " " $3 " " $4}' | paste -sd ';' -)"
 else
     row sync-bench FAIL "$(tail -1 "$OUT/sync-bench.log")"
+fi
+
+# 6. What-if's prediction of the mixed job from one-rank profiles, against its measured step.
+run_step whatif 1200 "$PY" scripts/bench_whatif_validation.py --workdir "$OUT/whatif" \
+    --devices "$GPU,cpu" --epochs "$EPOCHS"
+if grep -q "^| devices" "$OUT/whatif.log"; then
+    # policy: batches, predicted/measured ms, error
+    row whatif MEASURED "$(grep "^| devices" "$OUT/whatif.log" | awk -F' *[|] *' \
+        '{print $3 ": " $4 ", " $5 "/" $6 " ms, error " $7}' | paste -sd ';' -)"
+else
+    row whatif FAIL "$(tail -1 "$OUT/whatif.log")"
 fi
 
 {
