@@ -71,14 +71,16 @@ batch, the count of a one-entry cluster, the bandwidth between nodes, or every d
 peak FLOP/s or memory bandwidth as a factor of the table's (roofline devices only).
 
 Devices: {", ".join(sorted(BUILTIN_DEVICES))} (more with
---devices-file). Checked against runs of 2 and 3 ranks on one 2-core machine, it predicted
-steps 16-41% short (ranks sharing cores, and the data loader, are not modelled); against
+--devices-file). Checked against runs on one 2-core machine from a one-rank profile: 2 ranks
+within 2-7% (16-26% on a loaded hour), 3 ranks sharing the 2 cores 24-41% short (ranks that
+share a core slow each other, which is not modelled); against
 PyTorch DDP's published 10.11x on 12 V100s it predicts 11.60x (BENCHMARKS.md).
 
 --parallelism sets data parallelism beside spatial decomposition (each image's rows split
 over k devices, halos exchanged per convolution; Dryden et al. 2019) and a layer-wise
 pipeline of k stages (GPipe-style micro-batches), each at its best k, from the model's
-layers counted on the meta device.
+layers counted on the meta device. On a mixed cluster, groups and pipelines are of one kind
+each and share the batch by speed.
 """
 
 
@@ -121,7 +123,7 @@ def add_parser(
         "link=10Gb/s,100Gb/s or flops=0.5,1,2)")  # fmt: skip
     add("--parallelism", action="store_true",
         help="compare data, spatial and pipeline parallelism on the cluster's devices (needs "
-        "--count-flops and a one-entry cluster)")  # fmt: skip
+        "--count-flops and --global-batch)")  # fmt: skip
     add("--plot", help="write the scaling table or the sweep as an image (needs matplotlib)")
     parser.set_defaults(run=run, workload_flags=add_workload_options(parser, workload))
     return parser
@@ -161,11 +163,6 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
             f"--max-devices {args.max_devices} is below the mix's {cluster.devices:,} devices: "
             "--scaling of a mixed cluster adds whole copies of it; give --max-devices "
             f">= {cluster.devices:,}"
-        )
-    if args.parallelism and len(cluster.groups) != 1:
-        raise ValueError(
-            f"--parallelism compares schemes on one kind of device, but --cluster has "
-            f"{len(cluster.groups)} entries: keep one"
         )
     unknown = sorted(set(args.profile_map) - set(table))
     if unknown:
@@ -304,17 +301,22 @@ def _parallelism(
     workload: Any,
     gradient_bytes: int,
 ) -> str:
-    """The --parallelism table: each scheme at its best k on the one entry's devices."""
+    """The --parallelism table: each scheme at its best k on the cluster's devices (groups
+    and pipelines of one kind each, sharing the batch by speed, on a mixed cluster)."""
     from lbtrain.whatif.layers import count_layers
     from lbtrain.whatif.parallel import compare_parallelism
+    from lbtrain.whatif.parallel_mixed import compare_mixed
 
-    group = cluster.groups[0]
     layers = count_layers(workload)
-    options = compare_parallelism(
-        layers, speeds[group.device.name], group.count, group.per_node, network, batch,
-        gradient_bytes,
-    )  # fmt: skip
-    return format_parallelism(group.device.name, group.count, group.per_node, options)
+    if len(cluster.groups) > 1:
+        options = compare_mixed(layers, cluster, network, speeds, batch, gradient_bytes)
+    else:
+        group = cluster.groups[0]
+        options = compare_parallelism(
+            layers, speeds[group.device.name], group.count, group.per_node, network, batch,
+            gradient_bytes,
+        )  # fmt: skip
+    return format_parallelism(cluster, options)
 
 
 def _scaling(

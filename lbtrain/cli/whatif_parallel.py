@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lbtrain.whatif.cluster import Cluster
 from lbtrain.whatif.parallel import Option
 
 __all__ = ["format_parallelism"]
@@ -13,12 +14,16 @@ def _name(option: Option) -> str:
     return _NAMES[option.scheme].format(k=option.ways)
 
 
-def format_parallelism(device: str, count: int, per_node: int, options: list[Option]) -> str:
+def format_parallelism(cluster: Cluster, options: list[Option]) -> str:
     """The options fastest first, then the verdict against data parallelism."""
+    devices = ", ".join(
+        f"{g.count:,}x {g.device.name} ({g.per_node} a node)" for g in cluster.groups
+    )
+    mixed = "; groups and pipelines of one kind each" if len(cluster.groups) > 1 else ""
     lines = [
         "",
-        f"parallelism on {count:,}x {device} ({per_node} a node), global batch "
-        f"{options[0].global_batch:,}; fastest first (each scheme at its best k):",
+        f"parallelism on {devices}, global batch {options[0].global_batch:,}; fastest first "
+        f"(each scheme at its best k{mixed}):",
         f"{'scheme':<24}{'micro':>6}{'samples':>9}{'step ms':>11}{'compute ms':>12}"
         f"{'comm ms':>10}{'sync ms':>10}{'samples/s':>13}",
     ]
@@ -28,6 +33,13 @@ def format_parallelism(device: str, count: int, per_node: int, options: list[Opt
             f"{1e3 * o.compute:>12.3f}{1e3 * o.communication:>10.3f}{1e3 * o.sync:>10.3f}"
             f"{o.throughput:>13,.0f}"
         )
+    if len(cluster.groups) > 1:
+        lines.append("the most samples a device (data), group or pipeline of each kind takes:")
+        for o in options:
+            split = ", ".join(
+                f"{g.device.name} {n:,}" for g, n in zip(cluster.groups, o.shares, strict=True)
+            )
+            lines.append(f"  {_name(o)}: {split}")
     best = options[0]
     data = next(o for o in options if o.scheme == "data")
     if best.scheme == "data":

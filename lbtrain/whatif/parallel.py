@@ -17,11 +17,12 @@ identical devices and a global batch B:
   layers are cut into k contiguous stages of near-equal FLOP; each of n / k pipelines takes
   ceil(B k / n) samples in m micro-batches, GPipe-style: (m + k - 1) slots of the slowest
   stage, each slot sending the stage boundary's activations forward and their gradients
-  back. A stage's weights are allreduced over the n / k pipelines. The fixed cost alpha is
+  back. Micro-batches hold a power of two samples, or the whole share in one. A stage's
+  weights are allreduced over the n / k pipelines. The fixed cost alpha is
   split evenly over the stages, one of the model's assumptions.
 
 Messages of a group whose devices fit one node use the intra-node link, else the
-inter-node one. The best m is searched over powers of two up to the samples of a pipeline.
+inter-node one. Several kinds of device: `lbtrain.whatif.parallel_mixed`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,17 @@ from lbtrain.whatif.cluster import Network
 from lbtrain.whatif.network import Link, hierarchical
 from lbtrain.whatif.predict import SpeedModel
 
-__all__ = ["SCHEMES", "Option", "compare_parallelism", "pipeline_stages"]
+__all__ = [
+    "SCHEMES",
+    "Option",
+    "Pipeline",
+    "SpatialGroup",
+    "compare_parallelism",
+    "group_link",
+    "pipeline",
+    "pipeline_stages",
+    "spatial_group",
+]
 
 SCHEMES = ("data", "spatial", "pipeline")
 
@@ -52,6 +63,8 @@ class Option:
     communication: float  # halos and gathers, or stage-to-stage transfers
     sync: float  # the gradient allreduce
     global_batch: int
+    # A mixed cluster's split: samples per device (data), group or pipeline of each entry.
+    shares: tuple[int, ...] = ()
 
     @property
     def step(self) -> float:
@@ -72,7 +85,8 @@ def _allreduce(nbytes: float, devices: int, per_node: int, network: Network) -> 
     )
 
 
-def _link(ways: int, per_node: int, network: Network) -> Link:
+def group_link(ways: int, per_node: int, network: Network) -> Link:
+    """The link a group of `ways` devices talks over: intra-node when groups tile the nodes."""
     # A group stays inside a node only when groups tile the nodes (k divides per_node).
     return network.intra if ways <= per_node and per_node % ways == 0 else network.inter
 
@@ -84,27 +98,54 @@ def _data(layers, speed, n, per_node, network, batch) -> Option:  # noqa: ANN001
                   _allreduce(grads, n, per_node, network), batch)  # fmt: skip
 
 
-def _spatial(layers, speed, n, k, per_node, network, batch) -> Option | None:  # noqa: ANN001
+@dataclass(frozen=True)
+class SpatialGroup:
+    """k devices that split each image's rows: t(b) = compute and comm, each alpha + beta b."""
+
+    compute_alpha: float
+    compute_beta: float
+    comm_alpha: float
+    comm_beta: float
+
+    def times(self, samples: int) -> tuple[float, float]:
+        """Compute and communication seconds of a step of `samples` images (0: idle)."""
+        if samples <= 0:
+            return 0.0, 0.0
+        return (self.compute_alpha + self.compute_beta * samples,
+                self.comm_alpha + self.comm_beta * samples)  # fmt: skip
+
+
+def spatial_group(layers, speed: SpeedModel, k: int, link: Link) -> SpatialGroup | None:  # noqa: ANN001
+    """The cost of a group of k devices of `speed` splitting rows over `link`; None when a
+    spatial layer has fewer than k rows (or there is none)."""
     spatial = [layer for layer in layers if layer.spatial]
     if not spatial or min(layer.height for layer in spatial) < k:
         return None
     total = sum(layer.flops for layer in layers) or 1.0
     share = (sum(layer.flops for layer in spatial) / k + sum(
         layer.flops for layer in layers if not layer.spatial)) / total  # fmt: skip
-    samples = math.ceil(batch * k / n)
-    link = _link(k, per_node, network)
     halos = [layer.halo_bytes for layer in spatial if layer.halo_bytes > 0]
     # Both neighbours at once, forward and backward: two exchanges per convolution.
-    halo = 2 * sum(link.alpha + samples * h / link.beta for h in halos)
+    comm_alpha = 2 * len(halos) * link.alpha
+    comm_beta = 2 * sum(halos) / link.beta
     last = spatial[-1].output_bytes if len(spatial) < len(layers) else 0.0
-    gather = 0.0
     if last:
         # Forward only: the layers after run whole on every device, so each has the whole
         # gradient of the gathered tensor and keeps its own rows, with no exchange.
-        gather = math.ceil(math.log2(k)) * link.alpha + samples * last * (k - 1) / k / link.beta
+        comm_alpha += math.ceil(math.log2(k)) * link.alpha
+        comm_beta += last * (k - 1) / k / link.beta
+    return SpatialGroup(speed.alpha, speed.beta * share, comm_alpha, comm_beta)
+
+
+def _spatial(layers, speed, n, k, per_node, network, batch) -> Option | None:  # noqa: ANN001
+    group = spatial_group(layers, speed, k, group_link(k, per_node, network))
+    if group is None:
+        return None
+    samples = math.ceil(batch * k / n)
+    compute, comm = group.times(samples)
     grads = sum(layer.parameter_bytes for layer in layers)
-    return Option("spatial", k, 1, samples, speed.alpha + speed.beta * samples * share,
-                  halo + gather, _allreduce(grads, n, per_node, network), batch)  # fmt: skip
+    return Option("spatial", k, 1, samples, compute, comm,
+                  _allreduce(grads, n, per_node, network), batch)  # fmt: skip
 
 
 def pipeline_stages(flops: Sequence[float], k: int) -> list[int]:
@@ -139,7 +180,36 @@ def pipeline_stages(flops: Sequence[float], k: int) -> list[int]:
     return starts
 
 
-def _pipeline(layers, speed, n, k, per_node, network, batch) -> Option | None:  # noqa: ANN001
+@dataclass(frozen=True)
+class Pipeline:
+    """k stages of one device each: the heaviest stage's share of the FLOP, the bytes that
+    cross the busiest boundary per sample, and the largest stage's gradient bytes."""
+
+    k: int
+    heaviest: float
+    boundary: float
+    stage_grads: float
+
+    def times(self, speed: SpeedModel, link: Link, samples: int) -> tuple[float, float, int]:
+        """Compute and transfer seconds of `samples` through the pipeline, and the number of
+        micro-batches that makes their sum least; (0, 0, 0) when idle.
+
+        Micro-batches of a power of two samples, or all `samples` in one: so the time never
+        falls as samples grow (which balancing pipelines of several kinds relies on)."""
+        sizes = [1 << i for i in range(max(samples - 1, 0).bit_length())]
+        best = (0.0, 0.0, 0)
+        for micro in [*sizes, samples] if samples > 0 else []:
+            m = math.ceil(samples / micro)
+            slot = speed.alpha / self.k + speed.beta * micro * self.heaviest
+            transfer = 2 * (link.alpha + micro * self.boundary / link.beta)
+            times = ((m + self.k - 1) * slot, (m + self.k - 1) * transfer, m)
+            if best[2] == 0 or sum(times[:2]) < sum(best[:2]):
+                best = times
+        return best
+
+
+def pipeline(layers, k: int) -> Pipeline | None:  # noqa: ANN001
+    """The stages of a k-stage pipeline of `layers`; None with fewer layers than stages."""
     if len(layers) < k:
         return None
     flops = [layer.flops for layer in layers]
@@ -149,25 +219,22 @@ def _pipeline(layers, speed, n, k, per_node, network, batch) -> Option | None:  
     bounds = [*starts, len(layers)]
     total = sum(flops) or 1.0
     stages = list(zip(bounds, bounds[1:], strict=False))
-    heaviest = max(sum(flops[a:b]) for a, b in stages) / total
-    boundary = max(layers[b - 1].output_bytes for b in bounds[1:-1])
-    stage_grads = max(sum(x.parameter_bytes for x in layers[a:b]) for a, b in stages)
+    return Pipeline(
+        k,
+        max(sum(flops[a:b]) for a, b in stages) / total,
+        max(layers[b - 1].output_bytes for b in bounds[1:-1]),
+        max(sum(x.parameter_bytes for x in layers[a:b]) for a, b in stages),
+    )
+
+
+def _pipeline(layers, speed, n, k, per_node, network, batch) -> Option | None:  # noqa: ANN001
+    stages = pipeline(layers, k)
+    if stages is None:
+        return None
     samples = math.ceil(batch * k / n)
-    link = _link(k, per_node, network)
-    sync = _allreduce(stage_grads, n // k, max(1, per_node // k), network)
-    best: Option | None = None
-    m = 1
-    while m <= samples:
-        micro = math.ceil(samples / m)
-        slot = speed.alpha / k + speed.beta * micro * heaviest
-        transfer = 2 * (link.alpha + micro * boundary / link.beta)
-        time = (m + k - 1) * (slot + transfer)
-        compute = (m + k - 1) * slot
-        option = Option("pipeline", k, m, samples, compute, time - compute, sync, batch)
-        if best is None or option.step < best.step:
-            best = option
-        m *= 2
-    return best
+    sync = _allreduce(stages.stage_grads, n // k, max(1, per_node // k), network)
+    compute, transfer, m = stages.times(speed, group_link(k, per_node, network), samples)
+    return Option("pipeline", k, m, samples, compute, transfer, sync, batch)
 
 
 def compare_parallelism(

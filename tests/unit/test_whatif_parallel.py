@@ -112,8 +112,6 @@ def test_the_cli_prints_the_schemes_and_a_verdict(capsys):
     [
         (["--cluster", "8x v100", "--global-batch", "8", "--flops-per-sample", "1e9",
           "--gradient-bytes", "0", "--parallelism"], "add --count-flops"),
-        (["--cluster", "8x v100, 2x t4", "--global-batch", "8", "--count-flops",
-          "--workload", "examples.resnet_cifar:workload", "--parallelism"], "keep one"),
         (["--cluster", "8x v100", "--scaling", "weak", "--batch-per-device", "8",
           "--count-flops", "--workload", "examples.resnet_cifar:workload", "--parallelism"],
          "--parallelism needs --global-batch"),
