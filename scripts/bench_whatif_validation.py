@@ -153,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'yes' if error <= TARGET else 'NO'} |"
             )
     how = "each rank profiled with the others" if args.together else "scaled by slowdown"
-    for device, one in zip(devices or ("the default device",), solo, strict=True):
+    shown = dict(zip(devices or ("the default device",), solo, strict=True))  # once a device
+    for device, one in shown.items():
         print(f"\nsolo profile on {device}: alpha {1e3 * one['alpha']:.2f} ms, beta "
-              f"{1e3 * one['beta']:.3f} ms/sample on one rank, one thread ({workdir})"
+              f"{1e3 * one['beta']:.3f} ms/sample, one rank alone, --threads 1 ({workdir})"
               + ("" if devices else f"; {how}"))  # fmt: skip
     print("\n| cluster | policy | batches | predicted step (ms) | measured step (ms) | "
           "median abs error | <= 15% |")  # fmt: skip

@@ -40,6 +40,14 @@ def format_parallelism(cluster: Cluster, options: list[Option]) -> str:
                 f"{g.device.name} {n:,}" for g, n in zip(cluster.groups, o.shares, strict=True)
             )
             lines.append(f"  {_name(o)}: {split}")
+    missing = [s for s in ("spatial", "pipeline") if s not in {o.scheme for o in options}]
+    if missing:
+        counts = ", ".join(f"{g.count:,}" for g in cluster.groups)
+        lines.append(
+            f"no {' or '.join(missing)} option: it needs k >= 2 devices a group dividing every "
+            f"entry's count ({counts}), and a model with at least k rows (spatial) or k "
+            "layers (pipeline)"
+        )
     best = options[0]
     data = next(o for o in options if o.scheme == "data")
     if best.scheme == "data":

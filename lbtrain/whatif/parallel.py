@@ -17,8 +17,8 @@ identical devices and a global batch B:
   layers are cut into k contiguous stages of near-equal FLOP; each of n / k pipelines takes
   ceil(B k / n) samples in m micro-batches, GPipe-style: (m + k - 1) slots of the slowest
   stage, each slot sending the stage boundary's activations forward and their gradients
-  back. Micro-batches hold a power of two samples, or the whole share in one. A stage's
-  weights are allreduced over the n / k pipelines. The fixed cost alpha is
+  back (m a power of two, or micro-batches of a power of two samples, whichever is best). A
+  stage's weights are allreduced over the n / k pipelines. The fixed cost alpha is
   split evenly over the stages, one of the model's assumptions.
 
 Messages of a group whose devices fit one node use the intra-node link, else the
@@ -31,10 +31,14 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lbtrain.whatif.cluster import Network
 from lbtrain.whatif.network import Link, hierarchical
 from lbtrain.whatif.predict import SpeedModel
+
+if TYPE_CHECKING:  # layers.py imports torch; these models are pure
+    from lbtrain.whatif.layers import Layer
 
 __all__ = [
     "SCHEMES",
@@ -115,7 +119,9 @@ class SpatialGroup:
                 self.comm_alpha + self.comm_beta * samples)  # fmt: skip
 
 
-def spatial_group(layers, speed: SpeedModel, k: int, link: Link) -> SpatialGroup | None:  # noqa: ANN001
+def spatial_group(
+    layers: Sequence[Layer], speed: SpeedModel, k: int, link: Link
+) -> SpatialGroup | None:
     """The cost of a group of k devices of `speed` splitting rows over `link`; None when a
     spatial layer has fewer than k rows (or there is none)."""
     spatial = [layer for layer in layers if layer.spatial]
@@ -194,12 +200,17 @@ class Pipeline:
         """Compute and transfer seconds of `samples` through the pipeline, and the number of
         micro-batches that makes their sum least; (0, 0, 0) when idle.
 
-        Micro-batches of a power of two samples, or all `samples` in one: so the time never
-        falls as samples grow (which balancing pipelines of several kinds relies on)."""
-        sizes = [1 << i for i in range(max(samples - 1, 0).bit_length())]
+        The candidates: a power of two micro-batches (or one a sample) of ceil(samples / m)
+        each, and micro-batches of a power of two samples (or all in one). Each family's time
+        never falls as samples grow, so neither does the best of both, which balancing
+        pipelines of several kinds relies on."""
+        if samples <= 0:
+            return 0.0, 0.0, 0
+        powers = [1 << i for i in range(samples.bit_length())]  # 1, 2, 4, ... <= samples
+        candidates = {(m, math.ceil(samples / m)) for m in [*powers, samples]}
+        candidates |= {(math.ceil(samples / size), size) for size in [*powers, samples]}
         best = (0.0, 0.0, 0)
-        for micro in [*sizes, samples] if samples > 0 else []:
-            m = math.ceil(samples / micro)
+        for m, micro in sorted(candidates):
             slot = speed.alpha / self.k + speed.beta * micro * self.heaviest
             transfer = 2 * (link.alpha + micro * self.boundary / link.beta)
             times = ((m + self.k - 1) * slot, (m + self.k - 1) * transfer, m)
@@ -208,7 +219,7 @@ class Pipeline:
         return best
 
 
-def pipeline(layers, k: int) -> Pipeline | None:  # noqa: ANN001
+def pipeline(layers: Sequence[Layer], k: int) -> Pipeline | None:
     """The stages of a k-stage pipeline of `layers`; None with fewer layers than stages."""
     if len(layers) < k:
         return None

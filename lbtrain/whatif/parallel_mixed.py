@@ -4,10 +4,11 @@
 each scheme is the same, with the batch balanced as lbtrain balances it:
 
 - **data**: `predict` under `cost`: every device a share of the batch matched to its speed.
-- **spatial over k**: each entry's devices form groups of k of their own kind (a group's
-  halos stay on its node; each entry's count must be a multiple of k); a group splits each
-  image's rows evenly, and the groups share the batch so that the slowest group is as
-  fast as it can be. The gradients are allreduced over every device.
+- **spatial over k**: each entry's devices form groups of k of their own kind (k must
+  divide every entry's count; a group's halos cross the intra-node link when k divides
+  the entry's devices per node, else the inter-node one); a group splits each image's rows
+  evenly, and the groups share the batch so that the slowest group is as fast as it can
+  be. The gradients are allreduced over every device.
 - **pipeline of k stages**: each entry's devices form pipelines of k stages of their own
   kind, the pipelines share the batch the same way, and each stage's gradients are
   allreduced over the pipelines.
@@ -21,11 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from lbtrain.whatif.cluster import Cluster, Network
 from lbtrain.whatif.network import hierarchical
 from lbtrain.whatif.parallel import Option, group_link, pipeline, spatial_group
 from lbtrain.whatif.predict import SpeedModel, predict
+
+if TYPE_CHECKING:  # layers.py imports torch; these models are pure
+    from lbtrain.whatif.layers import Layer
 
 __all__ = ["compare_mixed"]
 
@@ -46,15 +51,27 @@ def _capacity(times: Times, bound: float, batch: int) -> int:
 
 
 def _min_max(units: Sequence[tuple[int, Times]], batch: int) -> list[int]:
-    """Samples per unit of each entry ((count, times) pairs) that hold `batch` with the
-    least slowest unit; one figure per entry, the most any of its units takes."""
+    """Samples per unit of each entry ((count, times) pairs) that hold exactly `batch` with
+    the least slowest unit; one figure per entry, the most any of its units takes."""
     high = min(sum(times(-(-batch // count))) for count, times in units)  # one entry alone
     low = 0.0
     for _ in range(100):
         middle = (low + high) / 2
         held = sum(count * _capacity(times, middle, batch) for count, times in units)
         low, high = (low, middle) if held >= batch else (middle, high)
-    return [_capacity(times, high, batch) for _, times in units]
+    # Below the least step the units hold less than the batch, at it at least the batch:
+    # the units that can take more at it share what is left, evenly inside an entry.
+    most = [_capacity(times, high, batch) for _, times in units]
+    base = [_capacity(times, low, batch) for _, times in units]
+    if sum(count * b for (count, _), b in zip(units, base, strict=True)) >= batch:
+        base = [0] * len(units)  # every unit is free (no time at all): fill from nothing
+    left = batch - sum(count * b for (count, _), b in zip(units, base, strict=True))
+    shares = []
+    for (count, _), b, m in zip(units, base, most, strict=True):
+        take = min(left, count * (m - b))
+        left -= take
+        shares.append(b + -(-take // count))
+    return shares
 
 
 def _option(
@@ -65,16 +82,18 @@ def _option(
     sync: float,
     micro: Callable[[int, int], int] = lambda entry, samples: 1,
 ) -> Option:
-    """The option whose slowest unit sets the step, with that unit's split of its time."""
+    """The option: the slowest unit sets the step (and its split of compute and messages);
+    `samples` and the micro-batches are those of the unit that takes the most samples."""
     samples = _min_max(units, batch)
     slowest = max(range(len(units)), key=lambda i: sum(units[i][1](samples[i])))
     compute, comm = units[slowest][1](samples[slowest])
-    return Option(scheme, k, micro(slowest, samples[slowest]), samples[slowest], compute, comm,
+    busiest = max(range(len(units)), key=lambda i: samples[i])
+    return Option(scheme, k, micro(busiest, samples[busiest]), samples[busiest], compute, comm,
                   sync, batch, tuple(samples))  # fmt: skip
 
 
 def compare_mixed(
-    layers: Sequence,
+    layers: Sequence[Layer],
     cluster: Cluster,
     network: Network,
     speeds: Mapping[str, SpeedModel],
@@ -141,8 +160,10 @@ def _pipeline(layers, cluster, network, speeds, k, batch) -> Option | None:  # n
             return compute, transfer
 
         units.append((g.count // k, times))
-    sync = _sync(stages.stage_grads, cluster.devices // k, cluster.max_per_node // k,
-                 cluster.nodes, network)  # fmt: skip
+    # Each stage syncs over the pipelines, which fill nodes of their entry's kind.
+    nodes = sum(-(-(g.count // k) // max(1, g.per_node // k)) for g in cluster.groups)
+    per_node = max(max(1, g.per_node // k) for g in cluster.groups)
+    sync = _sync(stages.stage_grads, cluster.devices // k, per_node, nodes, network)
 
     def micro(entry: int, samples: int) -> int:
         return stages.times(*models[entry], samples)[2]

@@ -126,3 +126,36 @@ def test_the_cli_compares_schemes_on_a_mixed_cluster(capsys):
     # Two groups of two H100s take a scene each; the V100s, slower, are better left idle.
     assert "verdict: spatial over 2" in table
     assert "  spatial over 2: h100 1, v100 0" in table
+
+
+@pytest.mark.parametrize(("devices", "per_node"), [(16, 4), (12, 6), (8, 8), (24, 4)])
+def test_one_kind_syncs_as_the_single_kind_model_at_every_k(devices, per_node):
+    from lbtrain.whatif import parallel, parallel_mixed
+
+    speed = SpeedModel(1e-3, 0.02, "test")
+    layers = count_layers(scene_fcn(size=64))
+    cluster = _cluster((devices, "a", per_node))
+    for k in (k for k in range(2, devices + 1) if devices % k == 0):
+        for single, mixed in (
+            (parallel._spatial(layers, speed, devices, k, per_node, NETWORK, 64),
+             parallel_mixed._spatial(layers, cluster, NETWORK, {"a": speed}, k, 64)),
+            (parallel._pipeline(layers, speed, devices, k, per_node, NETWORK, 64),
+             parallel_mixed._pipeline(layers, cluster, NETWORK, {"a": speed}, k, 64)),
+        ):  # fmt: skip
+            if single is None:
+                assert mixed is None
+                continue
+            assert mixed.sync == pytest.approx(single.sync, rel=1e-9), (k, single.scheme)
+            assert mixed.step == pytest.approx(single.step, rel=1e-9), (k, single.scheme)
+
+
+@pytest.mark.parametrize("batch", [4096, 4097, 300_000])
+def test_the_shares_hold_the_batch_and_less_than_a_sample_a_unit_more(batch):
+    layers = count_layers(scene_fcn(size=64))
+    speeds = {"h100": SpeedModel(1e-4, 1e-4, "h"), "v100": SpeedModel(1e-4, 3.7e-4, "v")}
+    cluster = _cluster((8, "h100", 8), (16, "v100", 8))
+    for option in compare_mixed(layers, cluster, NETWORK, speeds, batch):
+        units = [g.count // option.ways for g in cluster.groups]
+        held = sum(u * share for u, share in zip(units, option.shares, strict=True))
+        assert batch <= held < batch + sum(units), option.scheme
+        assert option.samples == max(option.shares)  # the busiest unit's, in every row
