@@ -16,11 +16,12 @@ from typing import Any
 
 from lbtrain.balancer import BalancePlan
 from lbtrain.trainer.control import Control
-from lbtrain.trainer.engine import Callback, Engine, StepTimes, TrainingDiverged
+from lbtrain.trainer.engine import Callback, Engine, TrainingDiverged
 from lbtrain.trainer.progress import Progress
 from lbtrain.trainer.records import EpochRecord
 from lbtrain.trainer.replanner import Replanner
 from lbtrain.trainer.summary import format_metric
+from lbtrain.trainer.timing import PendingTimes, StepTimes
 
 __all__ = [
     "CheckpointCallback",
@@ -41,7 +42,9 @@ class ProgressCallback(Callback):
         self.progress = progress
         self._open = False
 
-    def on_step_end(self, engine: Engine, control: Control, times: StepTimes) -> None:
+    def on_step_end(
+        self, engine: Engine, control: Control, times: StepTimes | PendingTimes
+    ) -> None:
         record, state = engine.state.record, engine.state
         assert record is not None
         if not self._open:
@@ -131,7 +134,9 @@ class DivergenceGuard(Callback):
         self.previous: float | None = None
         self.growing = 0
 
-    def on_step_end(self, engine: Engine, control: Control, times: StepTimes) -> None:
+    def on_step_end(
+        self, engine: Engine, control: Control, times: StepTimes | PendingTimes
+    ) -> None:
         loss = control.loss  # the global batch's mean loss: the same on every rank
         if self.first_step is None:
             if loss > 0 and math.isfinite(loss):

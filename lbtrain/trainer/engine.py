@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,8 +39,10 @@ from lbtrain.trainer.control import Control
 from lbtrain.trainer.records import EpochRecord, Totals
 from lbtrain.trainer.replan import predicted_steps
 from lbtrain.trainer.signals import StopSignal
+from lbtrain.trainer.timing import PendingTimes, StepTimer, StepTimes
 
 __all__ = ["Callback", "Engine", "RunState", "StepTimer", "StepTimes", "TrainingDiverged"]
+# StepTimer and StepTimes live in lbtrain.trainer.timing; they stay importable from here.
 
 
 class TrainingDiverged(CollectiveError):
@@ -65,47 +67,6 @@ class RunState:
         return self.epoch >= self.epochs
 
 
-@dataclass(frozen=True)
-class StepTimes:
-    """One step's phases on this rank's clock: compute, wait for the slowest, sync, update."""
-
-    start: float
-    computed: float
-    waited: float
-    synced: float
-    done: float
-    samples: int
-
-    @property
-    def compute(self) -> float:
-        """Forward, backward and the optimizer step."""
-        return (self.computed - self.start) + (self.done - self.synced)
-
-    @property
-    def wait(self) -> float:
-        """Idle in the control allreduce, for the slowest rank."""
-        return self.waited - self.computed
-
-    @property
-    def comm(self) -> float:
-        """Gradient communication not hidden behind backward."""
-        return self.synced - self.waited
-
-
-class StepTimer:
-    """The engine's clock; tests pass one whose times follow a model, so decisions made
-    from timing (re-planning) repeat exactly."""
-
-    def now(self) -> float:
-        """Seconds on a monotonic clock."""
-        return time.perf_counter()
-
-    def times(self, marks: Sequence[float], samples: int, epoch: int) -> StepTimes:
-        """The step's phases from the five marks the engine took, for `samples` computed
-        in (0-based) `epoch`."""
-        return StepTimes(*marks, samples=samples)
-
-
 class Callback:
     """A hook into the engine; override what you need. `key` names its checkpointed state."""
 
@@ -115,8 +76,12 @@ class Callback:
     def on_fit_start(self, engine: Engine) -> None:
         """Before the first step of this process (after a resume: the first it takes)."""
 
-    def on_step_end(self, engine: Engine, control: Control, times: StepTimes) -> None:
-        """After each step's update; `control` holds the job's sums."""
+    def on_step_end(
+        self, engine: Engine, control: Control, times: StepTimes | PendingTimes
+    ) -> None:
+        """After each step's update; `control` holds the job's sums. `times.resolve()` gives
+        the step's phases; with CUDA event timing it waits for the step's work, so read it
+        at the epoch's end (as the trace does)."""
 
     def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
         """After an epoch, on every rank, with every rank's figures in `record.ranks`."""
@@ -190,6 +155,7 @@ class Engine:
         # evaluation or a checkpoint sees one state (False only to show why).
         self.broadcast_buffers = True
         self._cpu_timer = rank_cpu_time if device.type == "cpu" else None
+        self._timed: list[StepTimes | PendingTimes] = []  # this epoch's, not yet counted
 
     def add_callbacks(self, callbacks: Iterable[Callback]) -> None:
         """Add callbacks; the engine keeps them in the order of their `order`."""
@@ -225,6 +191,7 @@ class Engine:
         )
         try:
             with self.stop.deferring():
+                self.timer.start()
                 for callback in self.callbacks:
                     callback.on_fit_start(self)
                 while not state.finished and not state.stop_code:
@@ -276,7 +243,8 @@ class Engine:
             if step < first:  # resuming mid-epoch: same permutation, skip what was done
                 continue
             control, times = self._step(inputs, targets, slowdown)
-            self._count(record, control, times, predictions[step])
+            self._count(record, control, times.samples, predictions[step])
+            self._timed.append(times)
             record.seconds = self.timer.now() - began
             state.step, state.global_step = step + 1, state.global_step + 1
             for callback in self.callbacks:
@@ -284,6 +252,7 @@ class Engine:
             if control.stop_code:
                 state.stop_code = control.stop_code
                 break
+        self._settle(record)
         if state.stop_code and state.step < len(loader):
             return  # an interrupted epoch: its record travels in the checkpoint
         self._end_epoch(record)
@@ -299,14 +268,19 @@ class Engine:
         state.totals.last = record.to_metrics()  # with the re-plan, if one was made
         state.record = None
 
-    def _step(self, inputs: Any, targets: Any, slowdown: Slowdown) -> tuple[Control, StepTimes]:
-        parallel, loader, now = self.parallel, self.loader, self.timer.now
+    def _step(
+        self, inputs: Any, targets: Any, slowdown: Slowdown
+    ) -> tuple[Control, StepTimes | PendingTimes]:
+        parallel, loader, now = self.parallel, self.loader, self.timer.mark
         assert parallel is not None
         weight, value, metric = loader.weight, 0.0, 0.0
+        # Event marks need no synchronisation, unless an emulated sleep must follow the
+        # device's compute.
+        sync = self._sync_device if slowdown.active or not self.timer.deferred else None
         start = now()
         parallel.zero_grad()
         if not loader.empty:  # a zero share computes nothing and adds zeros in the sync
-            with slowdown.step(synchronize=self._sync_device, cpu_timer=self._cpu_timer):
+            with slowdown.step(synchronize=sync, cpu_timer=self._cpu_timer):
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
                 outputs = parallel(inputs)
                 loss = self.loss_fn(outputs, targets)
@@ -325,7 +299,7 @@ class Engine:
         if control.nonfinite:
             self._diverged(value, control)
         synced = now()
-        with slowdown.step(synchronize=self._sync_device, cpu_timer=self._cpu_timer):
+        with slowdown.step(synchronize=sync, cpu_timer=self._cpu_timer):
             self.optimizer.step()
             self.scheduler.step()
         marks = (start, computed, waited, synced, now())
@@ -336,21 +310,28 @@ class Engine:
         self,
         record: EpochRecord,
         control: Control,
-        times: StepTimes,
+        samples: int,
         prediction: tuple[float, float],
     ) -> None:
         batch = int(control.samples)
         record.steps += 1
         record.samples += batch
-        record.own_samples += times.samples
+        record.own_samples += samples
         record.loss_sum += control.loss * batch
         if record.metric_sum is not None:
             record.metric_sum += control.metric
         record.predicted_compute += prediction[0]
         record.predicted_seconds += prediction[1]
-        record.compute += times.compute
-        record.wait += times.wait
-        record.comm += times.comm
+
+    def _settle(self, record: EpochRecord) -> None:
+        """Add the steps' times to the record, once they can be read (event marks: when the
+        device is done with them, which this waits for)."""
+        for pending in self._timed:
+            times = pending.resolve()
+            record.compute += times.compute
+            record.wait += times.wait
+            record.comm += times.comm
+        self._timed = []
 
     def _diverged(self, value: float, control: Control) -> None:
         state = self.state

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from lbtrain.trainer.control import Control
-from lbtrain.trainer.engine import Callback, Engine, StepTimes
+from lbtrain.trainer.engine import Callback, Engine
+from lbtrain.trainer.records import EpochRecord
+from lbtrain.trainer.timing import PendingTimes, StepTimes
 
 __all__ = ["TensorBoardCallback", "TraceCallback", "TRACE_STEPS"]
 
@@ -34,26 +36,43 @@ class TraceCallback(Callback):
         self.trace = StepTrace(TRACE_STEPS, every_epoch=10)
         self.t0 = 0.0
         self.plans: list[tuple[int, ...]] = []  # the batches of the steps recorded, in order
+        self.pending: list[tuple[int, int, Any, tuple[int, ...]]] = []  # this epoch's steps
 
     def on_fit_start(self, engine: Engine) -> None:
         engine.comm.barrier()  # every rank's clock starts at the same moment, near enough
         self.t0 = engine.timer.now()
 
-    def on_step_end(self, engine: Engine, control: Control, times: StepTimes) -> None:
-        state, t0 = engine.state, self.t0
-        phases = (
-            ("compute", times.start - t0, times.computed - t0),
-            ("wait", times.computed - t0, times.waited - t0),
-            ("sync", times.waited - t0, times.synced - t0),
-            ("optimizer", times.synced - t0, times.done - t0),
-        )
-        # Epochs and steps as a user counts them (from 1), as in metrics.jsonl.
-        if self.trace.add(state.epoch + 1, state.step, phases):
+    def on_step_end(
+        self, engine: Engine, control: Control, times: StepTimes | PendingTimes
+    ) -> None:
+        state = engine.state
+        # Epochs and steps as a user counts them (from 1), as in metrics.jsonl. The times
+        # are read at the epoch's end: with CUDA events, reading them now would wait.
+        if self.trace.wants(state.epoch + 1):
             batches = tuple(engine.loader.plan.batch_sizes)
-            if not self.plans or self.plans[-1] != batches:
+            self.pending.append((state.epoch + 1, state.step, times, batches))
+
+    def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
+        t0 = self.t0
+        for epoch, step, pending, batches in self.pending:
+            times = pending.resolve()
+            phases = (
+                ("compute", times.start - t0, times.computed - t0),
+                ("wait", times.computed - t0, times.waited - t0),
+                ("sync", times.waited - t0, times.synced - t0),
+                ("optimizer", times.synced - t0, times.done - t0),
+            )
+            if self.trace.add(epoch, step, phases) and (
+                not self.plans or self.plans[-1] != batches
+            ):
                 self.plans.append(batches)
+        self.pending = []
 
     def on_fit_end(self, engine: Engine) -> None:
+        self._flush()  # an epoch a stop cut short
         spans = engine.comm.allgather(self.trace.spans())
         plans = self.plans or [tuple(engine.loader.plan.batch_sizes)]
         labels = [

@@ -51,6 +51,7 @@ from lbtrain.trainer.run_folder import prepare_out, start_run_folder
 from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.state import checkpoint_state, restore, same_plan
 from lbtrain.trainer.summary import device_label
+from lbtrain.trainer.timing import EventTimer
 from lbtrain.workloads import Workload
 
 __all__ = ["Setup", "build_engine", "set_up"]
@@ -243,7 +244,7 @@ def build_engine(
         weighting=config.weighting,
         overlap=config.overlap == "on",
         stop=stop,
-        timer=timer,
+        timer=timer or _timer(setup),
     )
     engine.add_callbacks([*_callbacks(setup, engine), *extra])
     if setup.checkpoint is not None:
@@ -252,6 +253,15 @@ def build_engine(
     else:
         setup.say(f"training {config.epochs} epochs of {steps} steps on {comm.size} rank(s)")
     return engine
+
+
+def _timer(setup: Setup) -> StepTimer:
+    """CUDA events on a GPU rank that nothing emulates (no synchronisation in the step; not
+    yet run on a GPU here), else the host clock."""
+    config, device = setup.config, setup.replica.device
+    if device.type == "cuda" and not (config.emulate_slowdown or config.emulate_change):
+        return EventTimer(device)
+    return StepTimer()
 
 
 def _resume_line(path: str, state: RunState, epochs: int, steps: int) -> str:
