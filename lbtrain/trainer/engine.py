@@ -42,6 +42,9 @@ from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.timing import PendingTimes, StepTimer, StepTimes
 
 __all__ = ["Callback", "Engine", "RunState", "StepTimer", "StepTimes", "TrainingDiverged"]
+
+# Steps whose event times may wait to be read; beyond, the engine counts the ones done.
+SETTLE_EVERY = 256
 # StepTimer and StepTimes live in lbtrain.trainer.timing; they stay importable from here.
 
 
@@ -245,6 +248,8 @@ class Engine:
             control, times = self._step(inputs, targets, slowdown)
             self._count(record, control, times.samples, predictions[step])
             self._timed.append(times)
+            if len(self._timed) >= SETTLE_EVERY:  # a long epoch: count what is done so far
+                self._settle(record, wait=False)
             record.seconds = self.timer.now() - began
             state.step, state.global_step = step + 1, state.global_step + 1
             for callback in self.callbacks:
@@ -323,15 +328,20 @@ class Engine:
         record.predicted_compute += prediction[0]
         record.predicted_seconds += prediction[1]
 
-    def _settle(self, record: EpochRecord) -> None:
-        """Add the steps' times to the record, once they can be read (event marks: when the
-        device is done with them, which this waits for)."""
+    def _settle(self, record: EpochRecord, wait: bool = True) -> None:
+        """Add the steps' times to the record, in step order, once they can be read (event
+        marks: once the device is done with them, which this waits for unless `wait` is
+        False: then it stops at the first step not done)."""
+        done = 0
         for pending in self._timed:
+            if not wait and not pending.ready():
+                break
             times = pending.resolve()
             record.compute += times.compute
             record.wait += times.wait
             record.comm += times.comm
-        self._timed = []
+            done += 1
+        del self._timed[:done]
 
     def _diverged(self, value: float, control: Control) -> None:
         state = self.state

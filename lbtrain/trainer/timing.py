@@ -52,8 +52,12 @@ class StepTimes:
         """Gradient communication not hidden behind backward."""
         return self.synced - self.waited
 
+    def ready(self) -> bool:
+        """Always: host times are known as soon as they are taken."""
+        return True
+
     def resolve(self) -> StepTimes:
-        """Itself: host times are known as soon as they are taken."""
+        """Itself."""
         return self
 
 
@@ -88,6 +92,10 @@ class PendingTimes:
     def __init__(self, timer: EventTimer, marks: Sequence[Any], samples: int) -> None:
         self.timer, self.marks, self.samples = timer, marks, samples
         self._times: StepTimes | None = None
+
+    def ready(self) -> bool:
+        """Whether the step's work is done (its times can be read without waiting)."""
+        return self._times is not None or bool(self.marks[-1].query())
 
     def resolve(self) -> StepTimes:
         """The step's times; waits for the step's last event if it has not completed."""
@@ -151,6 +159,10 @@ class HostEvent:
 
     def synchronize(self) -> None:
         """Nothing to wait for."""
+
+    def query(self) -> bool:
+        """Done, always."""
+        return True
 
     def elapsed_time(self, end: HostEvent) -> float:
         """Milliseconds from this event to `end`, as CUDA reports them."""

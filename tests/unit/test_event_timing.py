@@ -145,3 +145,26 @@ def test_a_gpu_rank_times_its_steps_with_cuda_events(tmp_path):
     lines = (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     epochs = [e for e in map(json.loads, lines) if e["type"] == "epoch"]
     assert all(r["compute"] > 0 for e in epochs for r in e["ranks"])
+
+
+class Pending(CountingEvent):
+    """An event whose work never reports done until waited on."""
+
+    def query(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(("event", "early"), [(CountingEvent, True), (Pending, False)])
+def test_a_long_epoch_counts_the_steps_done_without_waiting(tmp_path, monkeypatch, event, early):
+    monkeypatch.setattr(engine_module, "SETTLE_EVERY", 2)
+    seen = [SeenDuringEpoch(), SeenDuringEpoch()]
+    _train(
+        _config(tmp_path),
+        lambda rank: EventTimer(torch.device("cpu"), event=event),
+        lambda rank: (seen[rank],),
+    )
+    # Steps done are read as the epoch goes; a step not done is left for the epoch's end.
+    assert all((s.read_early > 0) == early for s in seen), [s.read_early for s in seen]
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    epochs = [e for e in map(json.loads, lines) if e["type"] == "epoch"]
+    assert len(epochs) == 2 and all(r["compute"] > 0 for e in epochs for r in e["ranks"])
