@@ -41,11 +41,11 @@ from lbtrain.trainer.replan import predicted_steps
 from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.timing import PendingTimes, StepTimer, StepTimes
 
+# StepTimer and StepTimes live in lbtrain.trainer.timing; they stay importable from here.
 __all__ = ["Callback", "Engine", "RunState", "StepTimer", "StepTimes", "TrainingDiverged"]
 
 # Steps whose event times may wait to be read; beyond, the engine counts the ones done.
 SETTLE_EVERY = 256
-# StepTimer and StepTimes live in lbtrain.trainer.timing; they stay importable from here.
 
 
 class TrainingDiverged(CollectiveError):
