@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["device_label", "format_metric", "markdown_table", "metric_title", "text_table"]
+__all__ = [
+    "device_label",
+    "format_metric",
+    "markdown_table",
+    "metric_title",
+    "plural",
+    "text_table",
+]
 
 
 def format_metric(name: str, value: Any) -> str:
@@ -65,3 +72,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: i
         return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
     return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *map(line, rows)])
+
+
+def plural(count: int, noun: str) -> str:
+    """`count` and `noun`, with an s unless there is exactly one: "1 epoch", "3 epochs"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"

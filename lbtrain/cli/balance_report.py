@@ -127,7 +127,8 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     if args.profiles and options:
         flags = " ".join(f"--{name.replace('_', '-')}" for name in options)
         raise CLIError(
-            f"{flags} describe the workload to profile now; with --profiles the file's "
+            f"{flags} {'describes' if len(options) == 1 else 'describe'} the workload to "
+            "profile now; with --profiles the file's "
             f"profiles {args.profiles!r} are used as measured: drop {flags}, or profile "
             "again with them (leave --profiles out)"
         )

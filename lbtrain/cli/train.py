@@ -28,6 +28,7 @@ from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import (
     CURVES_MODES,
     DIVERGENCE_MODES,
+    KEYS_ARE,
     LOG_LEVELS,
     LR_SCHEDULES,
     OPTIMIZERS,
@@ -270,7 +271,9 @@ _FIELD_NAMES = sorted((f.name for f in dataclasses.fields(TrainConfig)), key=len
 
 
 def translate(message: str) -> str:
-    """Turn the library's parameter names in an error message into flag names."""
+    """Turn the library's parameter names in an error message into flag names; a list of a
+    config file's keys (after `KEYS_ARE`) stays as the file spells them."""
+    message, keys, listed = message.partition(KEYS_ARE)
     message = message.replace("overwrite=True", "--overwrite")
     for name in _FIELD_NAMES:
         message = re.sub(rf"(?<![\w-]){name}=", _flag(name) + " ", message)
@@ -278,7 +281,7 @@ def translate(message: str) -> str:
         if "_" in name:  # no English word has an underscore: a bare global_batch is the flag
             message = re.sub(rf"(?<![\w-]){name}\b", _flag(name), message)
     message = message.replace("global_batch_size=", "--global-batch ")
-    return message
+    return message + keys + listed
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:

@@ -95,36 +95,76 @@ def add_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--cluster", required=True, help='devices, e.g. "4x h100, 64x cpu-core@16" (@ per node)')
-    add("--network", default=DEFAULT_NETWORK,
-        help=f'links (default "{DEFAULT_NETWORK}"); a level left out keeps its '
-        "default")  # fmt: skip
-    add("--global-batch", type=positive_int, help="samples per step (all but --scaling weak)")
-    add("--policy", choices=POLICIES, default="cost", help="batch sharing (default cost)")
-    add("--min-batch", type=non_negative_int, default=0, help="least batch a device gets")
-    add("--profiles", help="profiles file of `lbtrain profile`: measured alpha and beta")
-    add("--workload", help="the workload (as `lbtrain train` names it; default "
-        f"{DEFAULT_WORKLOAD}) whose model --count-flops counts; given, profiles of any other "
-        "workload are refused")  # fmt: skip
+    add(
+        "--cluster",
+        required=True,
+        help='devices, e.g. "4x h100, 64x cpu-core@16", @ per node (default: none, required)',
+    )
+    add(
+        "--network",
+        default=DEFAULT_NETWORK,
+        help=f'links; a level left out keeps its default (default: "{DEFAULT_NETWORK}")',
+    )
+    add(
+        "--global-batch",
+        type=positive_int,
+        help="samples per step (default: none; needed but with --scaling weak)",
+    )
+    add("--policy", choices=POLICIES, default="cost", help="batch sharing (default: cost)")
+    add(
+        "--min-batch",
+        type=non_negative_int,
+        default=0,
+        help="least batch a device gets (default: 0, zero shares allowed)",
+    )
+    add("--profiles",
+        help="profiles file of `lbtrain profile`: measured alpha and beta (default: none, "
+        "the roofline)")  # fmt: skip
+    add("--workload", help="the workload (as `lbtrain train` names it) whose model "
+        "--count-flops counts; given, profiles of any other workload are refused (default: "
+        f"{DEFAULT_WORKLOAD})")  # fmt: skip
     add("--profile-map", type=_profile_map, default={}, metavar="NAME=KEY[,...]",
-        help="NAME takes the profiles of device kind KEY, or whose name holds KEY")  # fmt: skip
-    add("--devices-file", help="TOML/JSON table of more devices (SI units)")
-    add("--flops-per-sample", type=positive_float, help="FLOP of one sample's training step")
-    add("--bytes-per-sample", type=positive_float, help="memory bytes moved per sample's step")
+        help="NAME takes the profiles of device kind KEY, or whose name holds KEY (default: "
+        "GPUs by name, cpu-core every cpu profile)")  # fmt: skip
+    add(
+        "--devices-file",
+        help="TOML/JSON table of more devices, SI units (default: the built-in table)",
+    )
+    add(
+        "--flops-per-sample",
+        type=positive_float,
+        help="FLOP of one sample's training step (default: none)",
+    )
+    add(
+        "--bytes-per-sample",
+        type=positive_float,
+        help="memory bytes moved per sample's step (default: none)",
+    )
     add("--count-flops", action="store_true",
         help="count FLOP and bytes per sample (and the gradient bytes) from the workload's "
-        "model, with the workload options below")  # fmt: skip
-    add("--gradient-bytes", type=_bytes, help="bytes allreduced per step (default: profiles')")
-    add("--scaling", choices=("strong", "weak"), help="also print a scaling table")
-    add("--max-devices", type=positive_int, default=64, help="scaling up to N devices (64)")
-    add("--batch-per-device", type=positive_int, help="per-device batch of --scaling weak")
+        "model, with the workload options below (default: the flags above give them)")  # fmt: skip
+    add(
+        "--gradient-bytes",
+        type=_bytes,
+        help="bytes allreduced per step (default: the profiles' or the counted model's)",
+    )
+    add("--scaling", choices=("strong", "weak"), help="also print a scaling table (default: none)")
+    add(
+        "--max-devices", type=positive_int, default=64, help="scaling up to N devices (default: 64)"
+    )
+    add(
+        "--batch-per-device",
+        type=positive_int,
+        help="per-device batch of --scaling weak (default: none)",
+    )
     add("--sweep", type=sweep_type, metavar="AXIS=V1,V2,...",
         help=f"one prediction per value of one axis: {', '.join(AXES)} (e.g. "
-        "link=10Gb/s,100Gb/s or flops=0.5,1,2)")  # fmt: skip
+        "link=10Gb/s,100Gb/s or flops=0.5,1,2) (default: none)")  # fmt: skip
     add("--parallelism", action="store_true",
         help="compare data, spatial and pipeline parallelism on the cluster's devices (needs "
-        "--count-flops and --global-batch)")  # fmt: skip
-    add("--plot", help="write the scaling table or the sweep as an image (needs matplotlib)")
+        "--count-flops and --global-batch) (default: data parallelism only)")  # fmt: skip
+    add("--plot", help="write the scaling table or the sweep as an image, needs matplotlib "
+        "(default: none)")  # fmt: skip
     parser.set_defaults(run=run, workload_flags=add_workload_options(parser, workload))
     return parser
 

@@ -206,8 +206,8 @@ class TrainConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(
-                f"{source}: unknown setting(s) {', '.join(unknown)}; valid settings are "
-                f"{', '.join(sorted(known))}"
+                f"{source}: unknown setting(s) {', '.join(unknown)}; {KEYS_ARE}"
+                f"{', '.join(sorted(known - {'workload_options'}))} and a [workload_options] table"
             )
         return cls(**dict(data))
 
@@ -225,6 +225,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
 
+
+# Introduces a list of the settings as a file names them (the CLI leaves what follows it in
+# snake case, where it turns the library's names elsewhere in a message into flags).
+KEYS_ARE = "a config file takes the keys "
 
 # Settings of one launch, not of the recipe: the output folder and what it continued.
 RUN_ONLY = ("out", "overwrite", "resume")

@@ -30,6 +30,7 @@ from lbtrain.profiling import ReplicaProfile
 from lbtrain.profiling.record import profiles_to_dict
 from lbtrain.report import build_report, format_report
 from lbtrain.session import Replica, agree, build_workload, root_value, setup_replica, write_on_root
+from lbtrain.text import plural
 from lbtrain.trainer.callbacks import (
     CheckpointCallback,
     DivergenceGuard,
@@ -251,7 +252,10 @@ def build_engine(
         restore(setup.checkpoint, engine, same_plan=same_plan(setup.checkpoint, setup.plan))
         setup.say(_resume_line(setup.checkpoint["path"], engine.state, config.epochs, steps))
     else:
-        setup.say(f"training {config.epochs} epochs of {steps} steps on {comm.size} rank(s)")
+        setup.say(
+            f"training {plural(config.epochs, 'epoch')} of {plural(steps, 'step')} on "
+            f"{plural(comm.size, 'rank')}"
+        )
     return engine
 
 
@@ -269,16 +273,16 @@ def _resume_line(path: str, state: RunState, epochs: int, steps: int) -> str:
     left = epochs - state.epoch
     if left <= 0:
         return (
-            f"resumed from {path}: all {epochs} epochs are done (global step "
+            f"resumed from {path}: {'the' if epochs == 1 else 'all'} {plural(epochs, 'epoch')} "
+            f"{'is' if epochs == 1 else 'are'} done (global step "
             f"{state.global_step}); evaluating only"
         )
     where = f"epoch {state.epoch + 1} of {epochs}"
     if state.step:
         where += f" at its step {state.step + 1} of {steps}"
-    plural = "epoch" if left == 1 else "epochs"
     return (
         f"resumed from {path}: continuing at {where}, global step {state.global_step}; "
-        f"{left} {plural} left"
+        f"{plural(left, 'epoch')} left"
     )
 
 

@@ -15,7 +15,7 @@ from lbtrain import SingleProcessCommunicator
 from lbtrain.cli.main import build_parser, main
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "profiles_3ranks.json"
-VERBS = ("train", "profile", "balance-report", "env")
+VERBS = ("train", "profile", "balance-report", "env", "what-if")
 
 
 def run(argv, capsys):

@@ -141,7 +141,7 @@ def test_balance_report_refuses_workload_options_beside_a_profiles_file(capsys):
     code, _, err = _cli(capsys, "balance-report", "--profiles", profiles, "--model", "hamida")
     lines = err.splitlines()
     assert code == 2 and len(lines) == 1, err
-    assert "--model describe the workload to profile now" in lines[0], lines
+    assert "--model describes the workload to profile now" in lines[0], lines
 
 
 # ---------------------------------------------------------------------------------------
