@@ -294,3 +294,15 @@ def test_a_full_standard_output_is_one_line_saying_so(capsys, monkeypatch):
     code = main(["balance-report", "--profiles", str(FIXTURE)], comm=SingleProcessCommunicator())
     err = capsys.readouterr().err
     _one_line_error(code, err, "standard output cannot be written", "No space left on device")
+
+
+def test_an_unknown_key_in_a_config_file_lists_the_keys_as_a_file_spells_them(capsys, tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("foo = 3\nglobal_batch = 32\n", encoding="utf-8")
+    code, out, err = run(["train", "--config", str(config)], capsys)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert "unknown setting(s) foo" in line
+    keys = line.split("a config file takes the keys ")[1]
+    assert "global_batch" in keys and "time_budget" in keys and "[workload_options]" in keys
+    assert "--" not in keys  # snake case, as in the file: not the flags' names
