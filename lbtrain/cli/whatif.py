@@ -108,7 +108,7 @@ def add_parser(
     add(
         "--global-batch",
         type=positive_int,
-        help="samples per step (default: none; needed but with --scaling weak)",
+        help="samples per step, needed except with --scaling weak (default: none)",
     )
     add("--policy", choices=POLICIES, default="cost", help="batch sharing (default: cost)")
     add(
