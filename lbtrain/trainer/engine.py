@@ -194,6 +194,7 @@ class Engine:
         )
         try:
             with self.stop.deferring():
+                self._timed = []  # nothing left over from a fit an exception ended
                 self.timer.start()
                 for callback in self.callbacks:
                     callback.on_fit_start(self)
