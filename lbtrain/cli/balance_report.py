@@ -25,6 +25,7 @@ from lbtrain.comm import Communicator
 from lbtrain.profiling import save_profiles
 from lbtrain.profiling.sync import comm_cost
 from lbtrain.report import FORMATS, build_report, format_report, plot_report, require_matplotlib
+from lbtrain.text import plural
 from lbtrain.workloads import DEFAULT_WORKLOAD
 
 __all__ = ["add_parser", "run"]
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         floor = max(1, args.min_batch) if args.policy != "cost" else args.min_batch
         if comm.size * floor > args.global_batch:
             raise CLIError(
-                f"--min-batch {args.min_batch} on {comm.size} ranks needs --global-batch "
+                f"--min-batch {args.min_batch} on {plural(comm.size, 'rank')} needs --global-batch "
                 f">= {comm.size * floor} (policy {args.policy}), not {args.global_batch}; "
                 "lower --min-batch or raise --global-batch"
             )

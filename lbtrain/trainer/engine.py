@@ -35,6 +35,7 @@ from lbtrain.devices import synchronize
 from lbtrain.emulation import Slowdown, rank_cpu_time
 from lbtrain.parallel import BalancedDataParallel
 from lbtrain.session import CollectiveError
+from lbtrain.text import plural
 from lbtrain.trainer.control import Control
 from lbtrain.trainer.records import EpochRecord, Totals
 from lbtrain.trainer.replan import predicted_steps
@@ -349,8 +350,9 @@ class Engine:
         shown = value if not math.isfinite(value) else "non-finite"
         raise TrainingDiverged(
             f"training diverged: the loss became {shown} at epoch {state.epoch + 1}, step "
-            f"{state.step + 1} (on {int(control.nonfinite)} rank(s)); lower the learning rate "
-            "(--lr), or check the data for NaN or infinite values; earlier checkpoints are kept"
+            f"{state.step + 1} (on {plural(int(control.nonfinite), 'rank')}); lower the "
+            "learning rate (--lr), or check the data for NaN or infinite values; earlier "
+            "checkpoints are kept"
         )
 
     def _sync_device(self) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from lbtrain.comm import Communicator
 from lbtrain.evaluation import evaluate, predict
 from lbtrain.outputs import atomic_write_text
+from lbtrain.text import plural
 from lbtrain.trainer.callbacks import CheckpointCallback, EvaluateCallback
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.engine import Callback, Engine, StepTimer
@@ -176,7 +177,7 @@ def _write_outputs(
     atomic_write_text(out / "plan.json", plan.to_json() + "\n")  # the plan in force now
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    title = f"{workload.name}, {setup.comm.size} rank(s), policy {plan.policy}"
+    title = f"{workload.name}, {plural(setup.comm.size, 'rank')}, policy {plan.policy}"
     if setup.config.curves == "on":
         draw_curves(out, title)
     if workload.artifacts is not None:

@@ -37,6 +37,7 @@ from lbtrain.session import (
     profile_workload,
     root_value,
 )
+from lbtrain.text import plural
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.workloads import Workload
 
@@ -202,7 +203,7 @@ def _resumed_plan(
     changed = [n for n in _PLAN_SETTINGS if getattr(config, n) not in (None, saved.get(n))]
     if checkpoint.get("devices") != devices:
         why = (
-            f"the checkpoint ran on {len(checkpoint.get('devices', []))} rank(s) "
+            f"the checkpoint ran on {plural(len(checkpoint.get('devices', [])), 'rank')} "
             f"({_device_list(checkpoint.get('devices', []))}), this job on {comm.size} "
             f"({_device_list(devices)})"
         )

@@ -84,7 +84,7 @@ def test_min_batch_too_large_is_refused_before_profiling(capsys):
     result = _cli(capsys, ["balance-report", "--min-batch", "600",
                    "--global-batch", "512"])  # fmt: skip
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "--min-batch 600 on 1 ranks needs --global-batch >= 600" in result.stderr
+    assert "--min-batch 600 on 1 rank needs --global-batch >= 600" in result.stderr
     assert "profil" not in result.stdout.lower()  # no profiling output came first
 
 
