@@ -196,7 +196,6 @@ class Engine:
         try:
             with self.stop.deferring():
                 self._timed = []  # nothing left over from a fit an exception ended
-                self.timer.start()
                 for callback in self.callbacks:
                     callback.on_fit_start(self)
                 while not state.finished and not state.stop_code:
@@ -229,6 +228,7 @@ class Engine:
         state, loader = self.state, self.loader
         epoch = state.epoch
         loader.set_epoch(epoch)
+        self.timer.start()  # event timing: the device's clock placed on the host's again
         slowdown = self.slowdown_at(epoch)
         plan = loader.plan
         # The plan's prediction for each step, to set beside what the step measures.

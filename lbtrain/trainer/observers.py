@@ -39,6 +39,7 @@ class TraceCallback(Callback):
         self.pending: list[tuple[int, int, Any, tuple[int, ...]]] = []  # this epoch's steps
 
     def on_fit_start(self, engine: Engine) -> None:
+        self.pending = []  # nothing left over from a fit an exception ended
         engine.comm.barrier()  # every rank's clock starts at the same moment, near enough
         self.t0 = engine.timer.now()
 
@@ -48,7 +49,7 @@ class TraceCallback(Callback):
         state = engine.state
         # Epochs and steps as a user counts them (from 1), as in metrics.jsonl. The times
         # are read at the epoch's end: with CUDA events, reading them now would wait.
-        if self.trace.wants(state.epoch + 1):
+        if len(self.pending) < self.trace.room(state.epoch + 1):  # only what will be kept
             batches = tuple(engine.loader.plan.batch_sizes)
             self.pending.append((state.epoch + 1, state.step, times, batches))
 

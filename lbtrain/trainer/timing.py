@@ -2,11 +2,16 @@
 
 The engine takes five marks a step (start, compute done, wait done, sync done, update
 done). `StepTimer` reads the host clock at each, which on a GPU is only right if the device
-is synchronised first, and each synchronisation stalls the host until the device is idle.
-`EventTimer` (a CUDA device with no emulated slowdown) records an event on the stream
-instead and reads the events once, at the epoch's end: the host queues the next step's
-work while the device finishes this one. Its times are the device's, on a clock aligned
-with the host's at the start of training, so the trace and the records read them alike.
+is synchronised first: four waits a step for the device to be idle. `EventTimer` (a CUDA
+device with no emulated slowdown) records an event on the device's stream instead and reads
+the events at the epoch's end (and every few hundred steps, those already done). The step
+itself still waits where it needs a value from the device (the loss, gradients staged
+through the host), so what this gains is measured, not assumed: the optimizer's kernels
+overlap the next batch's loading, and a phase is timed where the device spends it (an
+NCCL allreduce's tail counts as sync, not as the next compute). Each phase is the time
+between two of the step's own events (float milliseconds stay precise over short spans);
+only its start is placed on the host's clock, through a reference event taken at each
+epoch's start.
 
 `HostEvent` stands in for `torch.cuda.Event` on the CPU, so the deferred path runs in the
 tests of a machine without a GPU (it proves the bookkeeping, not the CUDA calls).
@@ -74,7 +79,7 @@ class StepTimer:
         return time.perf_counter()
 
     def start(self) -> None:
-        """Called once before the first step of a fit."""
+        """Called before each epoch's first step."""
 
     def mark(self) -> Any:
         """One of a step's five marks: here, the time now."""
@@ -87,10 +92,13 @@ class StepTimer:
 
 
 class PendingTimes:
-    """A step's times that are read once its events have completed (`resolve`)."""
+    """A step's times that are read once its events have completed (`resolve`); its
+    attributes are `StepTimes`', each read through `resolve` (which may wait)."""
 
-    def __init__(self, timer: EventTimer, marks: Sequence[Any], samples: int) -> None:
-        self.timer, self.marks, self.samples = timer, marks, samples
+    def __init__(
+        self, timer: EventTimer, marks: Sequence[Any], samples: int, anchor: tuple[Any, float]
+    ) -> None:
+        self.timer, self.marks, self.samples, self.anchor = timer, marks, samples, anchor
         self._times: StepTimes | None = None
 
     def ready(self) -> bool:
@@ -101,10 +109,24 @@ class PendingTimes:
         """The step's times; waits for the step's last event if it has not completed."""
         if self._times is None:
             self.marks[-1].synchronize()
-            seconds = [self.timer.seconds(event) for event in self.marks]
-            self._times = StepTimes(*seconds, samples=self.samples)
-            self.marks = ()  # the events can go
+            reference, at = self.anchor
+            times = [at + reference.elapsed_time(self.marks[0]) / 1e3]
+            for begin, end in zip(self.marks, self.marks[1:], strict=False):
+                times.append(times[-1] + begin.elapsed_time(end) / 1e3)
+            self._times = StepTimes(*times, samples=self.samples)
+            self.marks, self.anchor = (), (None, 0.0)  # the events can go
         return self._times
+
+    def __getattr__(self, name: str) -> Any:
+        # start, computed, ..., compute, wait, comm: as StepTimes has them, once read.
+        if name in _TIMES_FIELDS:
+            return getattr(self.resolve(), name)
+        raise AttributeError(name)
+
+
+_TIMES_FIELDS = frozenset(
+    {"start", "computed", "waited", "synced", "done", "compute", "wait", "comm"}
+)
 
 
 class EventTimer(StepTimer):
@@ -120,31 +142,32 @@ class EventTimer(StepTimer):
     def __init__(self, device: torch.device, event: Callable[[], Any] | None = None) -> None:
         self.device = device
         self.event = event or (lambda: torch.cuda.Event(enable_timing=True))
-        self._reference: Any = None
-        self._at = 0.0
+        self._anchor: tuple[Any, float] | None = None  # (reference event, host time)
 
     def start(self) -> None:
-        """Align the device's clock with the host's: an event on an idle device, now."""
+        """Align the device's clock with the host's: an event on an idle device, now (at
+        each epoch's start, so a step's start is placed within milliseconds of it)."""
         synchronize(self.device)
-        self._reference = self.mark()
-        self._reference.synchronize()
-        self._at = self.now()
+        reference = self.mark()
+        reference.synchronize()
+        self._anchor = (reference, self.now())
 
     def mark(self) -> Any:
-        """Record an event on the current stream."""
+        """Record an event on the rank's device's current stream."""
         event = self.event()
-        event.record()
+        event.record(self._stream())
         return event
 
     def times(self, marks: Sequence[Any], samples: int, epoch: int) -> PendingTimes:
         """The step's times, to `resolve` once its work is done."""
-        if self._reference is None:
+        if self._anchor is None:
             self.start()
-        return PendingTimes(self, marks, samples)
+        assert self._anchor is not None
+        return PendingTimes(self, marks, samples, self._anchor)
 
-    def seconds(self, event: Any) -> float:
-        """When the device reached `event`, on the host's clock."""
-        return self._at + self._reference.elapsed_time(event) / 1e3
+    def _stream(self) -> Any:
+        # The rank's device's stream, whichever device is current on this thread.
+        return torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
 
 
 class HostEvent:
@@ -153,7 +176,7 @@ class HostEvent:
     def __init__(self) -> None:
         self.at = 0.0
 
-    def record(self) -> None:
+    def record(self, stream: Any = None) -> None:
         """Take the time now (a CPU has no queue: its work is done when the call returns)."""
         self.at = time.perf_counter()
 

@@ -88,6 +88,14 @@ class StepTrace:
             and self._sampled.get(epoch, 0) < self.sample_steps
         )
 
+    def room(self, epoch: int) -> int:
+        """How many more steps of `epoch`, added one after another, would be recorded."""
+        left = self.max_steps - self._steps
+        window = max(self._window - self._steps, 0)
+        sampled = self.every_epoch > 0 and epoch % self.every_epoch == 0
+        samples = self.sample_steps - self._sampled.get(epoch, 0) if sampled else 0
+        return max(min(left, window + max(samples, 0)), 0)
+
     def add(self, epoch: int, step: int, phases: Iterable[tuple[str, float, float]]) -> bool:
         """Record one step's phases as (name, start s, end s); return whether it was kept.
 

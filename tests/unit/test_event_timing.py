@@ -34,7 +34,10 @@ class CountingEvent(HostEvent):
 
 
 class SeenDuringEpoch(Callback):
-    """Notes, at each step, whether the step's times were already read."""
+    """Notes, at each step, whether the step's times were already read: after every other
+    callback (the trace's included), so none of them may read them early."""
+
+    order = 99
 
     def __init__(self) -> None:
         self.read_early = 0
@@ -83,8 +86,9 @@ def test_event_marks_leave_the_device_alone_and_fill_records_and_trace(tmp_path,
     )
     assert syncs == []  # no synchronisation around any step
     assert all(s.steps == 10 and s.read_early == 0 for s in seen)  # 2 epochs of 5 steps
-    # One wait at the start (aligning the clocks), then one per step, read at the epoch's end.
-    assert CountingEvent.waits == 2 * (1 + 10)
+    # One wait at each epoch's start (aligning the clocks), then one per step, read at the
+    # epoch's end.
+    assert CountingEvent.waits == 2 * (2 + 10)
     lines = (events / "run" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     epochs = [e for e in map(json.loads, lines) if e["type"] == "epoch"]
     for epoch in epochs:
@@ -112,7 +116,7 @@ def test_event_times_are_read_on_the_hosts_clock():
     class Fake(HostEvent):
         device = 10.0
 
-        def record(self) -> None:
+        def record(self, stream=None) -> None:
             self.at = Fake.device
 
     timer = Clock(torch.device("cpu"), event=Fake)
@@ -127,6 +131,10 @@ def test_event_times_are_read_on_the_hosts_clock():
     assert times.compute == pytest.approx(0.25 + 0.5)
     assert (times.wait, times.comm, times.samples) == (0.25, 0.0, 8)
     assert pending.resolve() is times  # read once, kept
+    # A callback that reads a phase gets it, as from StepTimes (reading it may wait).
+    assert (pending.compute, pending.done) == (times.compute, times.done)
+    with pytest.raises(AttributeError):
+        pending.nothing  # noqa: B018
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

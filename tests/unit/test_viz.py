@@ -435,3 +435,15 @@ def test_missing_packages_name_the_extra_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(RuntimeError, match=r"pip install 'lbtrain\[plot\]'"):
         pyplot()
+
+
+@pytest.mark.parametrize(("max_steps", "every", "sample", "per_epoch"),
+                         [(40, 3, 5, 10), (50, 0, 5, 7), (7, 2, 3, 4), (0, 1, 1, 3)])  # fmt: skip
+def test_step_trace_room_is_what_adding_an_epoch_would_keep(max_steps, every, sample, per_epoch):
+    # The room before each epoch is exactly how many of its steps add() then keeps, so a
+    # caller that buffers an epoch (the trainer's trace) holds no more than will be kept.
+    trace = StepTrace(max_steps=max_steps, every_epoch=every, sample_steps=sample)
+    for epoch in range(1, 30):
+        room = trace.room(epoch)
+        kept = sum(trace.add(epoch, s, [("compute", s, s + 0.5)]) for s in range(per_epoch))
+        assert kept == min(room, per_epoch), epoch
