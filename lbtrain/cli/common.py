@@ -174,8 +174,12 @@ def add_workload_options(parser: argparse.ArgumentParser, spec: str) -> tuple[st
     """
     try:
         plugin = get_plugin(spec)
-    except ValueError:
-        return ()  # the run reports the bad --workload with its fix
+    except ValueError as exc:
+        # The run reports the bad --workload with its fix; --help says why no options show.
+        parser.add_argument_group(
+            f"workload {spec!r}", f"not loaded, so its options are not listed: {exc}"
+        )
+        return ()
     if not plugin.options:
         return ()
     added = []

@@ -306,3 +306,12 @@ def test_an_unknown_key_in_a_config_file_lists_the_keys_as_a_file_spells_them(ca
     keys = line.split("a config file takes the keys ")[1]
     assert "global_batch" in keys and "time_budget" in keys and "[workload_options]" in keys
     assert "--" not in keys  # snake case, as in the file: not the flags' names
+
+
+def test_help_of_a_workload_that_does_not_load_says_why_its_options_are_missing(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--workload", "no_such_module_here:workload", "--help"])
+    assert info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "workload 'no_such_module_here:workload': not loaded, so its options are not" in text
+    assert "No module named 'no_such_module_here'" in text
