@@ -278,13 +278,13 @@ class Engine:
     def _step(
         self, inputs: Any, targets: Any, slowdown: Slowdown
     ) -> tuple[Control, StepTimes | PendingTimes]:
-        parallel, loader, now = self.parallel, self.loader, self.timer.mark
+        parallel, loader, mark = self.parallel, self.loader, self.timer.mark
         assert parallel is not None
         weight, value, metric = loader.weight, 0.0, 0.0
         # Event marks need no synchronisation, unless an emulated sleep must follow the
         # device's compute.
         sync = self._sync_device if slowdown.active or not self.timer.deferred else None
-        start = now()
+        start = mark()
         parallel.zero_grad()
         if not loader.empty:  # a zero share computes nothing and adds zeros in the sync
             with slowdown.step(synchronize=sync, cpu_timer=self._cpu_timer):
@@ -298,18 +298,18 @@ class Engine:
         # Buckets not started from backward start before the control allreduce, so every
         # rank starts its collectives in the same order.
         parallel.launch()
-        computed = now()
+        computed = mark()
         control = Control.of_step(weight, value, metric, len(targets), self.stop.code)
         control = control.allreduce(self.comm)
-        waited = now()
+        waited = mark()
         parallel.finish()  # also on the way out: no collective left in flight
         if control.nonfinite:
             self._diverged(value, control)
-        synced = now()
+        synced = mark()
         with slowdown.step(synchronize=sync, cpu_timer=self._cpu_timer):
             self.optimizer.step()
             self.scheduler.step()
-        marks = (start, computed, waited, synced, now())
+        marks = (start, computed, waited, synced, mark())
         samples = 0 if loader.empty else len(targets)
         return control, self.timer.times(marks, samples, self.state.epoch)
 
