@@ -39,6 +39,24 @@ class WeightedHookState:
             )
         self.loader = loader
         self.process_group = process_group
+        self.checked = False
+
+    def check(self) -> None:
+        """Refuse a loader planned for another group, or built for another rank (once)."""
+        size = dist.get_world_size(self.process_group)
+        rank = dist.get_rank(self.process_group)
+        planned, built = self.loader.plan.world_size, self.loader.batch_sampler.rank
+        if planned != size:
+            raise ValueError(
+                f"loader's plan is for {planned} ranks but the process group has {size}; plan "
+                f"again for {size} ranks (lbtrain.plan_for)"
+            )
+        if built != rank:
+            raise ValueError(
+                f"loader was built for rank {built} on rank {rank}; pass "
+                "rank=dist.get_rank() to balanced_loader"
+            )
+        self.checked = True
 
 
 def weighted_allreduce_hook(
@@ -51,6 +69,8 @@ def weighted_allreduce_hook(
     rather than multiplied by 0, because 0 * NaN is NaN, and a mean over no samples is NaN
     whenever a layer divides by the batch.
     """
+    if not state.checked:
+        state.check()
     buffer = bucket.buffer()
     weight = state.loader.weight
     if weight == 0:

@@ -372,6 +372,10 @@ def sync_gradients(
     in the same order and nothing hangs. A rank with a zero share (weight 0) skips forward
     and backward and still calls this: it adds zeros and receives the sum.
 
+    The first call for a model checks, with one small allgather, that the ranks' weights
+    sum to 1, and raises the same ValueError on every rank if not (a loader planned for
+    another number of ranks, say).
+
     Args:
         model: a module, or its parameters, with the same structure on every rank.
         weight: this rank's b_i / B for the current step (BalancedLoader.weight).
@@ -380,6 +384,7 @@ def sync_gradients(
     """
     check_weight(weight)
     if not isinstance(model, nn.Module):
+        check_weights_agree(weight, comm)
         GradientSync(model, comm, bucket_mb=bucket_mb).sync(weight)
         return
     sync = _SYNCS.get(model)
@@ -388,8 +393,27 @@ def sync_gradients(
         or sync.comm is not comm
         or sync.signature != _signature(model.parameters(), float(bucket_mb))
     ):
+        check_weights_agree(weight, comm)
         sync = _SYNCS[model] = GradientSync(model, comm, bucket_mb=bucket_mb)
     sync.sync(weight)
+
+
+def check_weights_agree(weight: float, comm: Communicator) -> None:
+    """Raise on every rank unless the ranks' weights sum to 1 (one small allgather).
+
+    A bare weight cannot say which plan it came from: a loader planned for 3 ranks in a job
+    of 2 gives weights that sum to 2/3, and the update would silently shrink by a third.
+    `sync_gradients` checks this once per model, at its first step.
+    """
+    weights = comm.allgather(float(weight))
+    total = math.fsum(weights)
+    if abs(total - 1) > 1e-9:
+        shown = ", ".join(f"{w:.4g}" for w in weights[:8]) + (", ..." if len(weights) > 8 else "")
+        raise ValueError(
+            f"the ranks' weights sum to {total:.6g}, not 1 ({shown} on {len(weights)} ranks): "
+            f"pass each rank's b_i / B from a loader planned for this job's {len(weights)} "
+            "ranks (loader.weight; loader.plan.world_size must be the job's size)"
+        )
 
 
 def _signature(params: Iterable[nn.Parameter], bucket_mb: float) -> tuple:

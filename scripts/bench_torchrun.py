@@ -63,9 +63,9 @@ def _sync_worker(rounds: int) -> None:
     model, other = (build_model("hybridsn", bands=30, num_classes=16, dropout=0.0) for _ in "ab")
     sync = GradientSync(model, comm)
     sync.zero_grad()
-    sync_gradients(other, 1.0, comm)  # builds its buckets once, as in use
-    flat = torch.randn(sync.nbytes // 4)
     weight = 1.0 / comm.size
+    sync_gradients(other, weight, comm)  # builds its buckets once, as in use
+    flat = torch.randn(sync.nbytes // 4)
     actions = {
         "bare": lambda: dist.all_reduce(flat),
         "communicator": lambda: comm.allreduce_sum_(flat),

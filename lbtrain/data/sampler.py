@@ -11,6 +11,7 @@ from torch.utils.data import Sampler
 from lbtrain.balancer import BalancePlan
 from lbtrain.balancer.checks import whole
 from lbtrain.balancer.rounding import largest_remainder
+from lbtrain.text import plural
 
 __all__ = ["BalancedBatchSampler", "epoch_schedule"]
 
@@ -110,6 +111,8 @@ class BalancedBatchSampler(Sampler[list[int]]):
         if not 0 <= rank < plan.world_size:
             raise ValueError(
                 f"Invalid rank {rank}, rank should be in the interval [0, {plan.world_size - 1}]"
+                f": the plan is for {plural(plan.world_size, 'rank')}; give it one entry per "
+                "rank of the job"
             )
         if num_samples < 1:
             raise ValueError(

@@ -64,7 +64,6 @@ def train(
         Interrupted, KeyboardInterrupt: a signal outside the training steps.
     """
     _import_what_torch_imports_late()
-    started = time.perf_counter()
     stop = StopSignal()
     with stop.installed():
         setup = set_up(config, comm)
@@ -73,7 +72,7 @@ def train(
             state = engine.fit()
             if state.stop_code:
                 return _stopped(setup, engine)
-            result = _finish(setup, engine, started, stream)
+            result = _finish(setup, engine, stream)
             return result
 
 
@@ -119,7 +118,7 @@ def _stopped(setup: Setup, engine: Engine) -> TrainResult:
     return TrainResult(setup.out, None, None, state.stop_code, Path(saved) if saved else None)
 
 
-def _finish(setup: Setup, engine: Engine, started: float, stream: Any) -> TrainResult:
+def _finish(setup: Setup, engine: Engine, stream: Any) -> TrainResult:
     """The final evaluation, predictions, summary and outputs, after the last epoch."""
     comm, workload, config = engine.comm, setup.workload, setup.config
     plan = engine.loader.plan  # re-planning may have switched it
@@ -156,11 +155,10 @@ def _finish(setup: Setup, engine: Engine, started: float, stream: Any) -> TrainR
         ranks_totals=rank_totals(comm, engine.state.totals),
         evaluations=evaluations.evaluations,
         metrics={k: v for k, v in evaluations.evaluations[-1].items() if k != "epoch"},
-        wall_seconds=time.perf_counter() - started,
-        profile_seconds=setup.profile_seconds,
+        **setup.seconds_so_far(),  # all sessions', when resumed, as train_seconds are
         resumed_from=resumed_from(setup.checkpoint),
     )
-    stream.write(end_record(time.perf_counter() - started))
+    stream.write(end_record(summary["wall_seconds"]))
     setup.on_root(lambda: _write_outputs(setup, plan, metrics, summary, predictions))
     saver = engine.callback(CheckpointCallback)
     final = saver.path if isinstance(saver, CheckpointCallback) else None

@@ -6,14 +6,19 @@ policy, min_batch, plan, profiles re-plan) or refused with one line naming it.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
+from lbtrain.text import plural
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.state import FORMAT
 from lbtrain.workloads import Workload
 
-__all__ = ["check_trainable", "read_checkpoint", "resumed_from"]
+if TYPE_CHECKING:
+    from lbtrain.trainer.engine import Engine
+
+__all__ = ["check_trainable", "follow_schedule", "read_checkpoint", "resumed_from"]
 
 
 def read_checkpoint(resume: str | None) -> dict[str, Any] | None:
@@ -52,14 +57,19 @@ def check_trainable(
             f"workload {config.workload!r} has no training or evaluation data, so it can be "
             "profiled but not trained; give its Workload a train_set and an eval_set"
         )
-    # `equal`, the report's baseline, gives every rank at least one sample.
+    # `equal`, the baseline the balance report sets every plan beside, gives each rank a
+    # sample, whatever the policy that trains.
     least = max(1, config.min_batch)
     if config.global_batch < world_size * least:
+        why = (
+            f"{world_size} ranks x min_batch={config.min_batch}"
+            if config.min_batch > 1
+            else f"the {world_size} ranks (the balance report sets the plan beside equal "
+            "shares, which give every rank a sample)"
+        )
         raise ValueError(
-            f"global_batch={config.global_batch} is smaller than {world_size} ranks x "
-            f"{least} sample(s) (min_batch={config.min_batch}, and equal gives each rank at "
-            f"least 1); raise global_batch to at least {world_size * least} or launch fewer "
-            "ranks"
+            f"global_batch={config.global_batch} is smaller than {why}; raise global_batch "
+            f"to at least {world_size * least} or launch fewer ranks"
         )
     if len(workload.train_set) < world_size:  # type: ignore[arg-type]
         raise ValueError(
@@ -113,6 +123,8 @@ def _check_resumable(config: TrainConfig, checkpoint: dict[str, Any]) -> None:
             f"resume {checkpoint['path']!r} is already at epoch {checkpoint['epoch']}, beyond "
             f"epochs={config.epochs}; give epochs of at least {checkpoint['epoch']}"
         )
+    if int(checkpoint["epoch"]) == config.epochs and not int(checkpoint["step"]):
+        _check_nothing_left_changes(config, checkpoint, theirs)
     saved_batch = int(checkpoint["plan"]["global_batch_size"])
     if int(checkpoint["step"]) and saved_batch != config.global_batch:
         raise ValueError(
@@ -120,3 +132,45 @@ def _check_resumable(config: TrainConfig, checkpoint: dict[str, Any]) -> None:
             f"continue with that global_batch (asked: {config.global_batch}), or resume from "
             "a checkpoint taken at the end of an epoch"
         )
+
+
+# What shapes training but not evaluation: on a run with no epoch left, a change would be
+# recorded in config.toml as if it had trained.
+_TRAINING_ONLY = ("global_batch", "policy", "min_batch", "time_budget", "plan", "profiles")
+
+
+def _check_nothing_left_changes(
+    config: TrainConfig, checkpoint: dict[str, Any], theirs: dict[str, Any]
+) -> None:
+    for name in _TRAINING_ONLY:
+        asked = getattr(config, name)
+        if asked is not None and asked != theirs.get(name):
+            raise ValueError(
+                f"resume {checkpoint['path']!r} has all {config.epochs} epochs done, so "
+                f"{name}={asked!r} would train nothing (it ran with {theirs.get(name)!r}); "
+                f"leave it out to evaluate again, or raise epochs above {config.epochs} to train "
+                "on with it"
+            )
+
+
+def follow_schedule(engine: Engine, total_steps: int) -> str | None:
+    """Put the learning rate where this run's schedule has it at the resumed step; a line
+    saying so when that is not where the checkpoint's left it (a cosine schedule spans the
+    whole run, so more epochs or another batch moves it)."""
+    scheduler = engine.scheduler
+    step = scheduler.last_epoch  # the optimizer steps taken, restored from the checkpoint
+    groups = engine.optimizer.param_groups
+    was = [group["lr"] for group in groups]
+    now = [
+        base * factor(step)
+        for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
+    if all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15) for a, b in zip(was, now, strict=True)):
+        return None
+    for group, lr in zip(groups, now, strict=True):
+        group["lr"] = lr
+    return (
+        f"the learning rate goes on at {now[0]:.3g} (the checkpoint left it at {was[0]:.3g}): "
+        f"the schedule now spans {plural(total_steps, 'step')}, so the run differs from an "
+        "uninterrupted one of either length"
+    )

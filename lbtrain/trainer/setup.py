@@ -47,7 +47,7 @@ from lbtrain.trainer.optim import build_optimizer, build_scheduler
 from lbtrain.trainer.planning import make_plan, plan_notes
 from lbtrain.trainer.progress import Progress
 from lbtrain.trainer.replanner import Replanner
-from lbtrain.trainer.resume import check_trainable, read_checkpoint
+from lbtrain.trainer.resume import check_trainable, follow_schedule, read_checkpoint
 from lbtrain.trainer.run_folder import prepare_out, start_run_folder
 from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.state import checkpoint_state, restore, same_plan
@@ -79,6 +79,18 @@ class Setup:
     devices: list[dict[str, Any]]
     slowdown_at: Callable[[int], Slowdown]
     profile_seconds: float
+    started: float = 0.0  # this session's start on the perf_counter clock
+
+    def seconds_so_far(self) -> dict[str, float]:
+        """Wall and profiling seconds of the whole run: the sessions before a resume (as
+        their checkpoint recorded them) and this one up to now."""
+        earlier = self.checkpoint or {}
+        return {
+            "wall_seconds": float(earlier.get("wall_seconds", 0.0))
+            + time.perf_counter()
+            - self.started,
+            "profile_seconds": float(earlier.get("profile_seconds", 0.0)) + self.profile_seconds,
+        }
 
     @property
     def show(self) -> bool:
@@ -107,6 +119,7 @@ class Setup:
 
 def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     """Check the settings, pick the folder, place the rank, build the workload, plan."""
+    started = time.perf_counter()
     agree(comm, config.validate)
     configure_logging(config.log_level)
     set_rank(comm.rank, thread=threading.current_thread() is not threading.main_thread())
@@ -142,6 +155,7 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
         devices,
         slowdown_at,
         0.0,
+        started,
     )  # type: ignore[arg-type]
     setup.say(f"{workload.name}: {workload.description}" if workload.description else workload.name)
     began = time.perf_counter()
@@ -251,6 +265,9 @@ def build_engine(
     if setup.checkpoint is not None:
         restore(setup.checkpoint, engine, same_plan=same_plan(setup.checkpoint, setup.plan))
         setup.say(_resume_line(setup.checkpoint["path"], engine.state, config.epochs, steps))
+        moved = follow_schedule(engine, config.epochs * steps)
+        if moved:
+            setup.say(moved)
     else:
         setup.say(
             f"training {plural(config.epochs, 'epoch')} of {plural(steps, 'step')} on "
@@ -304,6 +321,7 @@ def _callbacks(setup: Setup, engine: Engine) -> list[Callback]:
 
     def save(engine: Engine) -> Path | None:
         state = checkpoint_state(engine, setup.profiles, config, setup.workload, setup.devices)
+        state.update(setup.seconds_so_far())
         return setup.on_root(
             lambda: save_checkpoint(setup.out / CHECKPOINT_DIR, state, config.keep)
         )

@@ -82,6 +82,8 @@ def build_summary(
     `totals` are this rank's (rank 0's) running sums: loss, samples and steps are the job's;
     `ranks_totals` are every rank's time split, from `rank_totals`. `resumed_from` is the
     run's provenance (the checkpoint it continued, and where), None for a fresh run.
+    `wall_seconds` and `profile_seconds` cover every session of a resumed run, up to the
+    checkpoint each continued from, as the training totals do.
     """
     ranks = _rank_rows(plan, devices, ranks_totals)
     seconds, steps = totals.seconds, totals.steps

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import TensorDataset
 
-from lbtrain import SingleProcessCommunicator, sync_gradients
-from lbtrain.gradients import gradient_buckets
+from lbtrain import SingleProcessCommunicator, balanced_loader, sync_gradients
+from lbtrain.comm import run_ranks
+from lbtrain.gradients import GradientSync, gradient_buckets
 
 
 def make_model(seed: int = 0) -> nn.Module:
@@ -43,9 +45,54 @@ def test_single_process_sync_scales_by_the_weight():
     model = make_model()
     x, y = torch.randn(8, 6, dtype=torch.float64), torch.randint(0, 3, (8,))
     before = mean_loss_grads(model, x, y)
-    sync_gradients(model, 0.25, SingleProcessCommunicator())
+    GradientSync(model, SingleProcessCommunicator()).sync(0.25)
     for p, g in zip(model.parameters(), before, strict=True):
         torch.testing.assert_close(p.grad, g * 0.25)
+
+
+def test_weights_that_do_not_sum_to_one_are_refused_before_any_gradient_changes():
+    model = make_model()
+    x, y = torch.randn(8, 6, dtype=torch.float64), torch.randint(0, 3, (8,))
+    before = mean_loss_grads(model, x, y)
+    with pytest.raises(ValueError, match=r"weights sum to 0\.25, not 1 \(0\.25 on 1 ranks\)"):
+        sync_gradients(model, 0.25, SingleProcessCommunicator())
+    for p, g in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.grad, g)
+
+
+def test_a_loader_planned_for_more_ranks_than_the_job_is_one_error_on_every_rank():
+    """Weights from a 3-rank plan on 2 ranks sum to 2/3: the update would shrink silently."""
+    dataset = TensorDataset(torch.randn(24, 6, dtype=torch.float64), torch.randint(0, 3, (24,)))
+
+    def work(comm):
+        loader = balanced_loader([1.0, 1.0, 1.0], dataset, global_batch_size=6, rank=comm.rank)
+        model = make_model()
+        x, y = next(iter(loader))
+        mean_loss_grads(model, x, y)
+        try:
+            sync_gradients(model, loader.weight, comm)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    messages = [r.value for r in run_ranks(2, work, timeout=30)]
+    assert messages[0] == messages[1]
+    assert messages[0] is not None and "weights sum to 0.666667, not 1" in messages[0]
+    assert "on 2 ranks" in messages[0]
+
+
+def test_a_zero_share_rank_weighs_in_with_zero_and_passes_the_check():
+    def work(comm):
+        sizes = [0, 8]
+        model = make_model()
+        if sizes[comm.rank]:
+            x, y = torch.randn(8, 6, dtype=torch.float64), torch.randint(0, 3, (8,))
+            mean_loss_grads(model, x, y)
+        sync_gradients(model, sizes[comm.rank] / 8, comm)
+        return [p.grad.clone() for p in model.parameters()]
+
+    grads = [r.value for r in run_ranks(2, work, timeout=30)]
+    assert all(torch.equal(a, b) for a, b in zip(grads[0], grads[1], strict=True))
 
 
 def test_missing_gradient_becomes_zero_so_every_rank_reduces_the_same_buffers():
@@ -78,5 +125,5 @@ def test_zero_weight_adds_exact_zeros_even_over_stale_nan_gradients():
     model = make_model()
     for p in model.parameters():
         p.grad = torch.full_like(p, float("nan"))
-    sync_gradients(model, 0.0, SingleProcessCommunicator())
+    GradientSync(model, SingleProcessCommunicator()).sync(0.0)
     assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model.parameters())

@@ -108,7 +108,7 @@ def test_buffers_match_what_sync_gradients_reduces_bucket_for_bucket():
     timed = RecordingComm(clock, [0.0] * 3, others=[])
     time_sync(timed, model, repeats=2, timer=clock, bucket_mb=0.001)
     real = RecordingComm(clock, [], others=[])
-    sync_gradients(model, 0.5, real, bucket_mb=0.001)
+    sync_gradients(model, 1.0, real, bucket_mb=0.001)  # one rank: its weight is 1
     gradients = [call for call in real.calls if call[0] == "torch"]
     assert len(gradients) > 2  # the tiny bucket size splits the float32 layers
     timed_round = [call for call in timed.calls if call[0] == "torch"][: len(gradients)]

@@ -10,6 +10,7 @@ tests/mpi/test_train_faults.py.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def _held_out(tmp_path: Path) -> str:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--global-batch", "1"], "--global-batch 1"),
+        (["--global-batch", "1"], "--global-batch 1 is smaller than the 2 ranks (the balance"),
         (["--model", "nope"], "--model"),
         (["--dataset", "nope"], "--dataset"),
         (["--patch-size", "4"], "--patch-size 4"),
@@ -203,6 +204,11 @@ def test_resume_after_epoch_2_ends_exactly_where_one_go_does(tmp_path, one_go):
     resumed = list_checkpoints(out / "checkpoints")[-1]
     assert load_checkpoint(resumed)["global_step"] == 20
     assert same(final_model(out), one_go)
+    # The summary's wall time holds both sessions, as its training time does.
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["wall_seconds"] > after_two["wall_seconds"] > 0
+    assert summary["wall_seconds"] >= summary["train_seconds"] + summary["profile_seconds"]
+    assert summary["profile_seconds"] >= after_two["profile_seconds"] > 0
 
     # The comparison can fail: the same resume without the optimizer's state (Adam's
     # moments) ends elsewhere.
@@ -215,6 +221,21 @@ def test_resume_after_epoch_2_ends_exactly_where_one_go_does(tmp_path, one_go):
     )  # fmt: skip
     assert job.codes == [0, 0], job.output()
     assert not same(final_model(tmp_path / "forgetful"), one_go)
+
+
+def test_more_epochs_on_a_cosine_run_move_its_rate_and_say_so(tmp_path):
+    """The cosine schedule spans the run: resuming with more epochs lifts the rate off the
+    zero it ended at, and the line says where it goes on from."""
+    out = tmp_path / "run"
+    first = lbtrain_ranks(2, *faulty("--epochs", "2", "--lr-schedule", "cosine",
+                                     "--out", str(out)))  # fmt: skip
+    assert first.codes == [0, 0], first.output()
+    more = lbtrain_ranks(2, "train", "--resume", str(out), "--epochs", "4")
+    assert more.codes == [0, 0], more.output()
+    assert "the learning rate goes on at 0.0005 (the checkpoint left it at 0)" in more.stdout
+    assert "the schedule now spans 20 steps" in more.stdout
+    rates = [e["lr"] for e in entries(out) if e["type"] == "epoch"]
+    assert rates[1] == 0 and rates[2] > 0, rates
 
 
 def test_a_resumed_run_with_dropout_draws_the_masks_one_go_draws(tmp_path):
@@ -363,3 +384,10 @@ def test_resume_applies_a_new_policy_and_refuses_a_budget_it_would_not_use(tmp_p
     assert "policy changed from 'cost' to 'equal': planning again" in applied.stdout
     assert epoch_records(out)[-1]["batch_sizes"] == [20, 20]
     assert load_toml(out / "config.toml")["policy"] == "equal"  # what ran
+    # Every epoch done: a new batch would train nothing, and config.toml must not say it did.
+    finished = lbtrain_ranks(2, "train", "--resume", str(out), "--global-batch", "20")
+    assert finished.codes == [2, 2], finished.output()
+    line = _one_error_line(finished)
+    assert "has all 2 epochs done, so --global-batch 20 would train nothing" in line, line
+    assert "raise epochs above 2" in line, line
+    assert load_toml(out / "config.toml")["global_batch"] == 40
