@@ -1,4 +1,4 @@
-"""A PyTorch DDP script made balanced and exact with `BalancedDataParallel` (5 lines changed).
+"""A PyTorch DDP script made balanced and exact with `BalancedDataParallel` (6 lines changed).
 
 Run:  mpiexec -n 3 .venv/bin/python -m mpi4py examples/ddp_style.py [--slowdown 1,2,4]
       torchrun --nproc-per-node 3 examples/ddp_style.py
@@ -62,6 +62,7 @@ def main() -> None:
         metrics = model.evaluate(test_set, ConfusionEvaluator(4))
         if comm.rank == 0:
             print(f"epoch {epoch + 1}: test accuracy {metrics['accuracy']:.3f}", flush=True)
+    comm.close()  # lbtrain (DDP: dist.destroy_process_group())
 
 
 if __name__ == "__main__":

@@ -41,21 +41,30 @@ class WeightedHookState:
         self.process_group = process_group
         self.checked = False
 
-    def check(self) -> None:
-        """Refuse a loader planned for another group, or built for another rank (once)."""
+    def check(self, device: torch.device) -> None:
+        """Refuse a loader planned for another group, or built for another rank, on every
+        rank at once (one small allreduce, at the first bucket)."""
         size = dist.get_world_size(self.process_group)
         rank = dist.get_rank(self.process_group)
-        planned, built = self.loader.plan.world_size, self.loader.batch_sampler.rank
-        if planned != size:
-            raise ValueError(
-                f"loader's plan is for {planned} ranks but the process group has {size}; plan "
-                f"again for {size} ranks (lbtrain.plan_for)"
-            )
-        if built != rank:
-            raise ValueError(
-                f"loader was built for rank {built} on rank {rank}; pass "
-                "rank=dist.get_rank() to balanced_loader"
-            )
+        # Each rank writes its (plan size, loader rank + 1) into its own slots: after the sum
+        # every rank knows every loader, so one wrong loader stops all of them instead of
+        # leaving the others waiting in the bucket's allreduce.
+        table = torch.zeros(2 * size, dtype=torch.int64, device=device)
+        table[2 * rank] = self.loader.plan.world_size
+        table[2 * rank + 1] = self.loader.batch_sampler.rank + 1
+        dist.all_reduce(table, group=self.process_group)
+        loaders = table.view(size, 2).tolist()
+        for where, (planned, built) in enumerate(loaders):
+            if planned != size:
+                raise ValueError(
+                    f"loader's plan is for {planned} ranks but the process group has {size} "
+                    f"(on rank {where}); plan again for {size} ranks (lbtrain.plan_for)"
+                )
+            if built - 1 != where:
+                raise ValueError(
+                    f"loader was built for rank {built - 1} on rank {where}; pass "
+                    "rank=dist.get_rank() to balanced_loader"
+                )
         self.checked = True
 
 
@@ -69,9 +78,9 @@ def weighted_allreduce_hook(
     rather than multiplied by 0, because 0 * NaN is NaN, and a mean over no samples is NaN
     whenever a layer divides by the batch.
     """
-    if not state.checked:
-        state.check()
     buffer = bucket.buffer()
+    if not state.checked:
+        state.check(buffer.device)
     weight = state.loader.weight
     if weight == 0:
         buffer.zero_()

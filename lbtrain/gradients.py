@@ -356,6 +356,7 @@ def sync_gradients(
     comm: Communicator,
     *,
     bucket_mb: float = DEFAULT_BUCKET_MB,
+    prescaled: bool = False,
 ) -> None:
     """Turn each rank's mean-loss gradient into the mean gradient over the global batch.
 
@@ -372,20 +373,24 @@ def sync_gradients(
     in the same order and nothing hangs. A rank with a zero share (weight 0) skips forward
     and backward and still calls this: it adds zeros and receives the sum.
 
-    The first call for a model checks, with one small allgather, that the ranks' weights
-    sum to 1, and raises the same ValueError on every rank if not (a loader planned for
-    another number of ranks, say).
+    The first call for a module (every call for a list of parameters, which builds its
+    buckets each time too) checks, with one small allgather, that the ranks' weights sum to
+    1, and raises the same ValueError on every rank if not (a loader planned for another
+    number of ranks, say).
 
     Args:
         model: a module, or its parameters, with the same structure on every rank.
         weight: this rank's b_i / B for the current step (BalancedLoader.weight).
         comm: the job's communicator.
         bucket_mb: flat-buffer size per allreduce call, in MiB.
+        prescaled: the loss already carried the weight (multiplied by b_i / B, or summed
+            over the batch and divided by B), so the gradients are summed as they are;
+            `weight` is still this rank's b_i / B, checked but not applied.
     """
     check_weight(weight)
     if not isinstance(model, nn.Module):
         check_weights_agree(weight, comm)
-        GradientSync(model, comm, bucket_mb=bucket_mb).sync(weight)
+        GradientSync(model, comm, bucket_mb=bucket_mb).sync(weight, prescaled=prescaled)
         return
     sync = _SYNCS.get(model)
     if (
@@ -395,7 +400,7 @@ def sync_gradients(
     ):
         check_weights_agree(weight, comm)
         sync = _SYNCS[model] = GradientSync(model, comm, bucket_mb=bucket_mb)
-    sync.sync(weight)
+    sync.sync(weight, prescaled=prescaled)
 
 
 def check_weights_agree(weight: float, comm: Communicator) -> None:
@@ -407,12 +412,14 @@ def check_weights_agree(weight: float, comm: Communicator) -> None:
     """
     weights = comm.allgather(float(weight))
     total = math.fsum(weights)
-    if abs(total - 1) > 1e-9:
+    # Weights computed in float32 (a tensor's .item()) are off by an ulp each.
+    if abs(total - 1) > max(1e-6, len(weights) * 2**-22):
         shown = ", ".join(f"{w:.4g}" for w in weights[:8]) + (", ..." if len(weights) > 8 else "")
         raise ValueError(
-            f"the ranks' weights sum to {total:.6g}, not 1 ({shown} on {len(weights)} ranks): "
+            f"the ranks' weights sum to {total:.9g}, not 1 ({shown} on {len(weights)} ranks): "
             f"pass each rank's b_i / B from a loader planned for this job's {len(weights)} "
-            "ranks (loader.weight; loader.plan.world_size must be the job's size)"
+            "ranks (loader.weight; loader.plan.world_size must be the job's size), and "
+            "prescaled=True if the loss already carries it"
         )
 
 

@@ -130,7 +130,8 @@ fi
 
 # 7. The same validation on emulated CPU ranks: with a core for each rank, three ranks no
 # longer take turns on two cores as they do on the development VM.
-run_step whatif-cpu 1800 "$PY" scripts/bench_whatif_validation.py --workdir "$OUT/whatif-cpu" \
+# No CUDA device visible: devices=auto would put the profile and rank 0 on the GPU.
+CUDA_VISIBLE_DEVICES= run_step whatif-cpu 1800 "$PY" scripts/bench_whatif_validation.py --workdir "$OUT/whatif-cpu" \
     --epochs "$EPOCHS"
 whatif_cpu_rc=$?
 if grep -q "^| [23] ranks" "$OUT/whatif-cpu.log"; then

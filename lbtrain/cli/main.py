@@ -218,6 +218,7 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         with _one_line_warnings(), _named_stdout():
             code = int(args.run(args, comm) or 0)
             sys.stdout.flush()  # a reader that left (`| head`) shows here, not at exit
+        _close(comm)
         return code
     except BrokenPipeError:
         # The reader of stdout left (`| head`): stop quietly, as standard tools do.
@@ -229,11 +230,13 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         # error, so status 1.
         if comm.rank == 0:
             _error(exc)
+        _close(comm)
         return 1
     except CollectiveError as exc:
         # Every rank raised it together, so each can exit normally; one rank reports.
         if comm.rank == 0:
             _error(exc)
+        _close(comm)
         return 2
     except (KeyboardInterrupt, Interrupted) as exc:
         # A signal outside training steps (profiling, evaluation, drawing): no traceback,
@@ -310,3 +313,12 @@ def _abort(comm: Communicator, code: int) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _close(comm: Communicator) -> None:
+    """Release the engine's groups where every rank got here together (torch.distributed's;
+    left to interpreter exit, gloo can abort the process). Not on paths where some ranks
+    may still be inside a collective: destroying then could hang them."""
+    close = getattr(comm, "close", None)
+    if close is not None:
+        close()

@@ -192,6 +192,9 @@ class LocalCommunicator:
         """Wait for all ranks."""
         self.world.exchange(self.rank, None, lambda _: None)
 
+    def close(self) -> None:
+        """Nothing to release (torch.distributed's communicator destroys its groups here)."""
+
     def abort(self, code: int = 1) -> None:
         """End every rank's collectives with `RankAborted(code)`; raises it here too."""
         sys.stdout.flush()

@@ -136,6 +136,9 @@ class MPICommunicator:
         """Wait for all ranks."""
         self._comm.Barrier()
 
+    def close(self) -> None:
+        """Nothing to release (torch.distributed's communicator destroys its groups here)."""
+
     def abort(self, code: int = 1) -> None:
         """Abort every rank of the job."""
         sys.stdout.flush()

@@ -45,6 +45,9 @@ class SingleProcessCommunicator:
     def barrier(self) -> None:
         """Nothing to wait for."""
 
+    def close(self) -> None:
+        """Nothing to release (torch.distributed's communicator destroys its groups here)."""
+
     def abort(self, code: int = 1) -> None:
         """Exit this process."""
         sys.stdout.flush()

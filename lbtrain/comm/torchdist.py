@@ -98,6 +98,18 @@ class TorchDistCommunicator:
         self._cuda: Any = None  # the NCCL group, once chosen
         self._transport: str | None = None
         self._staging: dict[tuple[torch.dtype, int], torch.Tensor] = {}
+        self.owns_groups = False  # torch_world sets it when it initialised torch.distributed
+
+    def close(self) -> None:
+        """Destroy the process groups `torch_world` made; call on every rank once all are
+        past their last collective (the command line does, on its way out).
+
+        Left to interpreter exit, gloo's threads can abort the process ("terminate called
+        without an active exception"); groups the caller initialised are the caller's.
+        """
+        if self.owns_groups and dist.is_initialized():
+            dist.destroy_process_group()
+        self.owns_groups = False
 
     @property
     def rank(self) -> int:
@@ -343,4 +355,6 @@ def torch_world(backend: str = "auto") -> TorchDistCommunicator | None:
     dist.init_process_group(
         "gloo", store=dist.PrefixStore("default_pg", store), rank=rank, world_size=size
     )
-    return TorchDistCommunicator(backend, store=dist.PrefixStore("lbtrain", store))
+    world = TorchDistCommunicator(backend, store=dist.PrefixStore("lbtrain", store))
+    world.owns_groups = True
+    return world

@@ -7,6 +7,7 @@ policy, min_batch, plan, profiles re-plan) or refused with one line naming it.
 from __future__ import annotations
 
 import math
+import os
 from typing import TYPE_CHECKING, Any
 
 from lbtrain.text import plural
@@ -144,7 +145,7 @@ def _check_nothing_left_changes(
 ) -> None:
     for name in _TRAINING_ONLY:
         asked = getattr(config, name)
-        if asked is not None and asked != theirs.get(name):
+        if asked is not None and not _same_setting(asked, theirs.get(name)):
             raise ValueError(
                 f"resume {checkpoint['path']!r} has all {config.epochs} epochs done, so "
                 f"{name}={asked!r} would train nothing (it ran with {theirs.get(name)!r}); "
@@ -153,10 +154,23 @@ def _check_nothing_left_changes(
             )
 
 
+def _same_setting(asked: Any, saved: Any) -> bool:
+    """Equal, or two names of one file (a plan or profiles given as ./plan.json, then plan.json)."""
+    if asked == saved:
+        return True
+    if isinstance(asked, str) and isinstance(saved, str):
+        try:
+            return os.path.samefile(asked, saved)
+        except OSError:
+            return False
+    return False
+
+
 def follow_schedule(engine: Engine, total_steps: int) -> str | None:
     """Put the learning rate where this run's schedule has it at the resumed step; a line
     saying so when that is not where the checkpoint's left it (a cosine schedule spans the
-    whole run, so more epochs or another batch moves it)."""
+    whole run, so more epochs move it; another batch changes the steps per epoch, which
+    moves the cosine and step schedules alike)."""
     scheduler = engine.scheduler
     step = scheduler.last_epoch  # the optimizer steps taken, restored from the checkpoint
     groups = engine.optimizer.param_groups
@@ -169,8 +183,9 @@ def follow_schedule(engine: Engine, total_steps: int) -> str | None:
         return None
     for group, lr in zip(groups, now, strict=True):
         group["lr"] = lr
+    scheduler._last_lr = list(now)  # what get_last_lr() reports until the next step
     return (
         f"the learning rate goes on at {now[0]:.3g} (the checkpoint left it at {was[0]:.3g}): "
-        f"the schedule now spans {plural(total_steps, 'step')}, so the run differs from an "
-        "uninterrupted one of either length"
+        f"this run's schedule of {plural(total_steps, 'step')} puts step {step} there, so the "
+        "run differs from an uninterrupted one"
     )

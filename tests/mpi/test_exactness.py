@@ -50,3 +50,21 @@ def test_an_exception_on_one_rank_aborts_every_rank_with_its_message():
     result = run_mpi(SCRIPTS / "abort_on_error.py", 3, timeout=60)
     assert result.returncode != 0
     assert "boom on rank 1: this message must reach the user" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("case", "refusal"),
+    [
+        ("rank", "loader was built for rank 0 on rank 1; pass rank=dist.get_rank()"),
+        ("size", "loader's plan is for 3 ranks but the process group has 2 (on rank 0)"),
+    ],
+)
+def test_the_ddp_hook_refuses_a_wrongly_built_loader_on_every_rank(case, refusal):
+    """Both ranks refuse at the first bucket, a rank whose own loader is right included,
+    rather than one waiting in an allreduce that the other never joins."""
+    result = run_torchrun(SCRIPTS / "ddp_hook_misuse.py", 2, case, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    said = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    expected = [f"rank {rank}: refused: {refusal}" for rank in range(2)]
+    assert [line[: len(expected[0])] for line in said] == expected, output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -77,7 +78,7 @@ def test_a_loader_planned_for_more_ranks_than_the_job_is_one_error_on_every_rank
 
     messages = [r.value for r in run_ranks(2, work, timeout=30)]
     assert messages[0] == messages[1]
-    assert messages[0] is not None and "weights sum to 0.666667, not 1" in messages[0]
+    assert messages[0] is not None and "weights sum to 0.666666667, not 1" in messages[0]
     assert "on 2 ranks" in messages[0]
 
 
@@ -127,3 +128,20 @@ def test_zero_weight_adds_exact_zeros_even_over_stale_nan_gradients():
         p.grad = torch.full_like(p, float("nan"))
     GradientSync(model, SingleProcessCommunicator()).sync(0.0)
     assert all(torch.equal(p.grad, torch.zeros_like(p)) for p in model.parameters())
+
+
+def test_float32_weights_pass_and_a_prescaled_loss_sums_its_gradients_as_they_are():
+    """Three float32 thirds sum to 1 + 3e-8: a rounding, not a wrong plan."""
+    third = float(np.float32(1) / np.float32(3))
+
+    def work(comm):
+        model = make_model()
+        x, y = torch.randn(8, 6, dtype=torch.float64), torch.randint(0, 3, (8,))
+        before = mean_loss_grads(model, x, y)
+        sync_gradients(model, third, comm, prescaled=True)
+        return before, [p.grad.clone() for p in model.parameters()]
+
+    results = [r.value for r in run_ranks(3, work, timeout=30)]
+    before, after = results[0]
+    for b, a in zip(before, after, strict=True):
+        torch.testing.assert_close(a, 3 * b)  # three equal ranks, summed unscaled

@@ -256,3 +256,21 @@ def test_under_torchrun_the_gpu_index_is_local_rank(launched):
     assert assign_devices(comm, "auto", cuda_count=1).device == "cpu"  # no GPU left for it
     launched({**torchrun_env(1, 2), "LOCAL_RANK": "1"})  # describes another world than comm's
     assert assign_devices(comm, "cuda", cuda_count=2).device == "cuda:0"
+
+
+def test_close_destroys_the_groups_lbtrain_made_and_leaves_a_callers_alone():
+    """Left to interpreter exit, gloo's threads can abort the process; the command line closes
+    the groups torch_world initialised, never those its caller did."""
+    assert not dist.is_initialized(), "a test left torch.distributed initialised"
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        comm = TorchDistCommunicator()
+        comm.close()  # the caller's group
+        assert dist.is_initialized()
+        comm.owns_groups = True  # as torch_world marks the group it initialised
+        comm.close()
+        assert not dist.is_initialized()
+        comm.close()  # twice is harmless
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -155,6 +155,36 @@ def test_schedules():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.25)
 
 
+def test_a_resumed_schedule_of_another_length_sets_the_rate_of_its_first_step():
+    """A cosine run of 4 steps stopped after 2 (rate 0.5), resumed as one of 8 steps: the next
+    step trains at the 8-step schedule's rate for step 2, not the checkpoint's 0.5."""
+    from types import SimpleNamespace
+
+    from lbtrain.trainer.resume import follow_schedule
+
+    param = nn.Parameter(torch.zeros(1))
+    opt = build_optimizer([param], "sgd", lr=1.0)
+    sched = build_scheduler(opt, "cosine", total_steps=4, steps_per_epoch=2)
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    saved = opt.state_dict(), sched.state_dict()
+    for total, moved in ((4, False), (8, True)):
+        opt = build_optimizer([param], "sgd", lr=1.0)
+        sched = build_scheduler(opt, "cosine", total_steps=total, steps_per_epoch=2)
+        opt.load_state_dict(saved[0])
+        sched.load_state_dict(saved[1])
+        line = follow_schedule(SimpleNamespace(optimizer=opt, scheduler=sched), total)
+        expected = 0.5 * (1 + math.cos(math.pi * 2 / total))
+        assert opt.param_groups[0]["lr"] == pytest.approx(expected)
+        assert sched.get_last_lr() == pytest.approx([expected])
+        assert (line is not None) == moved, line
+    assert line == (
+        "the learning rate goes on at 0.854 (the checkpoint left it at 0.5): this run's "
+        "schedule of 8 steps puts step 2 there, so the run differs from an uninterrupted one"
+    )
+
+
 @pytest.mark.parametrize(
     ("total", "weights", "unit", "expected"),
     [
@@ -325,3 +355,14 @@ def test_batchnorm_buffers_are_one_state_on_every_rank_after_training():
         buffers = [r.value for r in results]
         equal = all(torch.equal(a, b) for a, b in zip(*buffers, strict=True))
         assert equal == copy
+
+
+def test_a_finished_run_takes_its_own_plan_under_another_name(tmp_path, monkeypatch):
+    from lbtrain.trainer.resume import _same_setting
+
+    (tmp_path / "plan.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert _same_setting("./plan.json", "plan.json")
+    assert _same_setting(str(tmp_path / "plan.json"), "plan.json")
+    assert not _same_setting("other.json", "plan.json")  # missing: not the same
+    assert _same_setting(64, 64) and not _same_setting(32, 64)

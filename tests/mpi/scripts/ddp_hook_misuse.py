@@ -1,0 +1,45 @@
+"""A loader the DDP hook must refuse on every rank, under torchrun with 2 ranks.
+
+`rank`: both ranks build their loader for rank 0. `size`: both plan for 3 ranks. Each rank
+catches the refusal and prints it, so the test sees that a rank whose own loader is right
+refused too, instead of waiting in the bucket's allreduce for a rank that left (torchrun's
+agent would end it, but other launchers do not).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import TensorDataset
+
+from lbtrain import WeightedHookState, balanced_loader, weighted_allreduce_hook
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    if sys.argv[1] == "rank":
+        loader = balanced_loader([1.0, 1.0], data, global_batch_size=8, rank=0)  # rank 1: wrong
+    else:
+        loader = balanced_loader([1.0] * 3, data, global_batch_size=9, rank=dist.get_rank())
+    model = DistributedDataParallel(nn.Linear(4, 2))
+    model.register_comm_hook(WeightedHookState(loader), weighted_allreduce_hook)
+    x, y = next(iter(loader))
+    try:
+        nn.functional.cross_entropy(model(x), y).backward()
+        said = "trained"
+    except ValueError as exc:
+        said = f"refused: {exc}"
+    # One write per line: the ranks share the pipe, and print writes the newline apart.
+    sys.stdout.write(f"rank {dist.get_rank()}: {said}\n")
+    sys.stdout.flush()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
