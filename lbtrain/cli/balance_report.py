@@ -94,8 +94,18 @@ def add_parser(
     )
     add_profiling_arguments(parser, workload)
     show_defaults(parser)
-    parser.set_defaults(run=run)
+    # How profiling now would run: with --profiles, a value other than these is refused.
+    parser.set_defaults(
+        run=run, profiling_defaults={d: parser.get_default(d) for d in _PROFILING_ONLY}
+    )
     return parser
+
+
+# Options that shape profiling now, and nothing else (--reference-batch has its own line).
+_PROFILING_ONLY = (
+    "devices", "threads", "emulate_slowdown", "time_budget", "batch_sizes", "max_batch",
+    "repeats", "warmup", "no_memory_cap",
+)  # fmt: skip
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:
@@ -123,6 +133,16 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
             f"--reference-batch {args.reference_batch} applies only when profiling now; with "
             "--profiles the file's own reference batch is used: drop the flag, or re-profile "
             "with `lbtrain profile --reference-batch N`"
+        )
+    defaults = getattr(args, "profiling_defaults", {})
+    changed = [d for d, v in defaults.items() if getattr(args, d, v) != v]
+    if args.profiles and changed:
+        flags = " ".join(f"--{d.replace('_', '-')}" for d in changed)
+        raise CLIError(
+            f"{flags} {'shapes' if len(changed) == 1 else 'shape'} profiling now; with "
+            f"--profiles the file's profiles {args.profiles!r} are used as measured (their "
+            f"slowdowns and timings included): drop {flags}, or profile again with them "
+            "(leave --profiles out)"
         )
     options = given_workload_options(args, args.workload)
     if args.profiles and options:

@@ -26,8 +26,24 @@ _ALONE_AFTER = 5.0
 _START_LIMIT = 30
 
 
+class _Terminated(BaseException):  # noqa: N818 (like KeyboardInterrupt, not an error)
+    """SIGTERM while lbtrain starts up (imports, MPI start): ends it as Ctrl-C does."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
+def _raise(exc: BaseException) -> None:
+    raise exc
+
+
 def main() -> int:
-    """Run `lbtrain` with sys.argv; Ctrl-C while it starts up is one line and status 130."""
+    """Run `lbtrain` with sys.argv; Ctrl-C while it starts up is one line and status 130, a
+    SIGTERM (a scheduler's) one line and 143."""
+    # Until the command line takes signals over: the default action would kill the rank
+    # with status 15 and, under mpiexec, the launcher's "BAD TERMINATION" banner.
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         from lbtrain.malloc import tune_malloc
 
@@ -49,7 +65,11 @@ def main() -> int:
                 print(f"lbtrain: error: {exc}", file=sys.stderr, flush=True)
                 return 2
         from lbtrain.cli.main import main as run
+        from lbtrain.trainer.signals import Interrupted
 
+        # From here the command line reports it (one line, 143, the job ended); a run
+        # puts its own handler in place while it trains, and this one back after.
+        signal.signal(signal.SIGTERM, lambda signum, frame: _raise(Interrupted(signum)))
         return run()
     except KeyboardInterrupt:
         # Importing torch takes seconds, and parsing happens before any run: a Ctrl-C there
@@ -57,9 +77,12 @@ def main() -> int:
         # Under mpiexec every rank gets it: rank 0 says it and ends the job; another rank
         # says it only if it was interrupted alone.
         return _interrupted()
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the abort
+        return _interrupted(143, "terminated (SIGTERM)")
 
 
-def _interrupted() -> int:
+def _interrupted(code: int = 130, what: str = "interrupted") -> int:
     from lbtrain.comm.launchers import MPI, TORCHRUN, LauncherError, detect_launcher
     from lbtrain.comm.mpi import abort_started, start_mpi
 
@@ -72,8 +95,8 @@ def _interrupted() -> int:
         # torchrun starts each worker in a session of its own, so a Ctrl-C reaches only
         # torchrun, which sends it on to every worker: rank 0 says it for all of them.
         if rank == 0:
-            print("lbtrain: interrupted", file=sys.stderr, flush=True)
-        return 130
+            print(f"lbtrain: {what}", file=sys.stderr, flush=True)
+        return code
     try:
         if launcher == MPI:
             # Ranks that were not interrupted wait for this one in MPI_Init: meet them there,
@@ -89,8 +112,8 @@ def _interrupted() -> int:
         if rank != 0:
             time.sleep(_ALONE_AFTER)
         where = f" (rank {rank})" if rank else ""
-        print(f"lbtrain: interrupted{where}", file=sys.stderr, flush=True)
+        print(f"lbtrain: {what}{where}", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         pass  # a second Ctrl-C: still end the job below
-    abort_started(130)  # ranks not interrupted would wait in their next collective call
-    return 130
+    abort_started(code)  # ranks not interrupted would wait in their next collective call
+    return code

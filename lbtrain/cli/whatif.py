@@ -329,8 +329,23 @@ def _counted_work(args: argparse.Namespace, profiles: list[Any]) -> tuple[Any, M
     workload = plugin.make(0, resolved)
     if profiles:
         # Their speeds stand beside the counted roofline and calibrate it: of this model only.
-        check_profiled(profiles, workload, args.profiles)
+        try:
+            check_profiled(profiles, workload, args.profiles)
+        except ValueError as exc:
+            raise ValueError(_whatif_fix(str(exc))) from None
     return workload, count_work(workload)
+
+
+def _whatif_fix(message: str) -> str:
+    """A profiles error in what-if's words: what-if never profiles, so the fix it offers is
+    a profile of the model, or the counted roofline alone."""
+    return message.replace(
+        "leave the profiles file out to profile it now",
+        "leave --profiles out to predict from the counted FLOPs alone",
+    ).replace(
+        "or omit --profiles to profile now",
+        "or leave --profiles out to predict from --flops-per-sample or --count-flops",
+    )
 
 
 def _parallelism(
@@ -390,7 +405,10 @@ def _has_map(plugin: Any) -> bool:
 
 def _profiles(args: argparse.Namespace) -> list[Any]:
     """The profiles of --profiles, of --workload's workload when it is given."""
-    profiles = [] if args.profiles is None else load_profiles(args.profiles)
+    try:
+        profiles = [] if args.profiles is None else load_profiles(args.profiles)
+    except ValueError as exc:
+        raise type(exc)(_whatif_fix(str(exc))) from None
     workloads = sorted({p.workload for p in profiles})
     if len(workloads) > 1 and not args.workload:
         raise ValueError(

@@ -85,7 +85,8 @@ def format_scaling(
     efficiency against one."""
     what = f"global batch {batch:,}" if kind == "strong" else f"{batch:,} samples per device"
     base = rows[0].base
-    one = f"{base:,} {unit[:-1] if base == 1 else unit}"
+    singular = {"copies": "copy", "devices": "device"}.get(unit, unit)
+    one = f"{base:,} {singular if base == 1 else unit}"
     lines = [
         "",
         f"{kind} scaling of {name} ({what}; speedup against {one}):",

@@ -48,6 +48,9 @@ def format_sweep(axis: str, points: list[SweepPoint]) -> str:
 def plot_sweep(axis: str, points: list[SweepPoint], path: str) -> Path:
     """Left: the step split into compute and sync; right: throughput; both against the axis."""
     plt = pyplot()
+    # In the axis' order, whatever order the values were given in: a line drawn in the
+    # given order doubles back, and the stacked areas overlap.
+    points = sorted(points, key=lambda point: point.value)
     values = [point.value for point in points]
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
     compute = [1e3 * point.prediction.compute for point in points]

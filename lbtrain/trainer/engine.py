@@ -240,6 +240,9 @@ class Engine:
             state.record = EpochRecord(
                 epoch, slowdown=slowdown.factor, batch_sizes=list(plan.batch_sizes)
             )
+            # The rate the epoch trains at (its first step's); at its end the scheduler has
+            # already moved on to the next epoch's.
+            state.record.lr = float(self.optimizer.param_groups[0]["lr"])
             if self.step_metric is not None:
                 state.record.metric_sum = 0.0
         record, first = state.record, state.step
@@ -266,7 +269,6 @@ class Engine:
 
     def _end_epoch(self, record: EpochRecord) -> None:
         state = self.state
-        record.lr = float(self.optimizer.param_groups[0]["lr"])
         record.ranks = self.comm.allgather(record.measured())
         state.epoch, state.step = state.epoch + 1, 0
         state.totals.add(record)

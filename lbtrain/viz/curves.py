@@ -167,7 +167,9 @@ def _idle_panel(axis: Any, epochs: list[dict[str, Any]]) -> None:
         _no_data(axis, "no idle time recorded")
         return
     if idle:
-        axis.plot(x, idle, marker="o", markersize=3, color="tab:red", label="idle (all ranks)")
+        # A rank with no samples is idled by the plan on purpose: its own line shows it.
+        label = "idle (ranks with samples)"
+        axis.plot(x, idle, marker="o", markersize=3, color="tab:red", label=label)
     for rank, points in sorted(waits.items()):
         axis.plot(
             [e for e, _ in points],
@@ -196,7 +198,9 @@ def draw_curves(records: list[dict[str, Any]], title: str = "") -> tuple[Any, in
     _accuracy_panel(axes[1], epochs, records)
     _time_panel(axes[2], epochs)
     _idle_panel(axes[3], epochs)
-    numbers = [r["epoch"] for r in epochs] + [r["epoch"] for r in eval_records(records)]
+    # A stop inside an epoch that never ended sits one past the last epoch record: in range.
+    stops = [r["epoch"] for r in records if r["type"] == "stop" and isinstance(r.get("epoch"), int)]
+    numbers = [r["epoch"] for r in epochs] + [r["epoch"] for r in eval_records(records)] + stops
     low, high = (min(numbers), max(numbers)) if numbers else (1, 1)
     for axis in axes:
         axis.set_xlim(low - 0.5, high + 0.5)

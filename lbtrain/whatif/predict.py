@@ -115,10 +115,15 @@ def _measured(device: DeviceSpec, profiles: Sequence[Any], key: str | None) -> S
     # Under --profile-map too: the same profiles must give the same core, however matched.
     scale = [max(1, int(p.threads)) if device.kind == "cpu" and p.device_kind == "cpu" else 1
              for p in matched]  # fmt: skip
-    beta = median(p.beta * s for p, s in zip(matched, scale, strict=True))
-    return SpeedModel(
-        median(p.alpha for p in matched), beta, f"median of {len(matched)} profile(s)"
-    )
+    # A rank profiled under --emulate-slowdown F slept (F - 1) times each step's compute: the
+    # device itself is F times faster than that record, and it is the device that is asked.
+    slow = [max(1.0, float(getattr(p, "slowdown", 1.0) or 1.0)) for p in matched]
+    beta = median(p.beta * s / f for p, s, f in zip(matched, scale, slow, strict=True))
+    alpha = median(p.alpha / f for p, f in zip(matched, slow, strict=True))
+    source = f"median of {len(matched)} profile(s)"
+    if any(f != 1 for f in slow):
+        source += ", emulated slowdowns divided out"
+    return SpeedModel(alpha, beta, source)
 
 
 def speed_models(
@@ -135,6 +140,14 @@ def speed_models(
     """
     keys = {k.lower(): v for k, v in (profile_map or {}).items()}
     devices = list(devices)
+    # A mapped name outside the cluster would only calibrate its kind's roofline with
+    # whatever it maps to: CPU timings as a GPU's, say. Refuse it rather than mislead.
+    stray = sorted(set(keys) - {d.name.lower() for d in devices})
+    if stray:
+        raise ValueError(
+            f"--profile-map names {', '.join(stray)}, which the cluster does not hold "
+            f"({', '.join(sorted({d.name for d in devices}))}); map the cluster's device names"
+        )
     models: dict[str, SpeedModel] = {}
     for device in devices:
         measured = _measured(device, profiles, keys.get(device.name))
@@ -150,7 +163,9 @@ def speed_models(
             )
         efficiency, how = _efficiency(device.kind, [*devices, *table], profiles, keys, roofline)
         kind_alphas = [
-            p.alpha for p in profiles if str(p.device_kind).lower() == _PROFILE_KIND[device.kind]
+            p.alpha / max(1.0, float(getattr(p, "slowdown", 1.0) or 1.0))
+            for p in profiles
+            if str(p.device_kind).lower() == _PROFILE_KIND[device.kind]
         ]
         alpha = median(kind_alphas) if kind_alphas else 0.0
         bound = (
@@ -160,6 +175,11 @@ def speed_models(
             else "FLOP-bound"
         )
         source = f"roofline at {efficiency:.0%} of peak ({bound}), {how}"
+        if efficiency < 0.01:
+            source = (
+                f"roofline at {efficiency:.2%} of peak ({bound}), {how}: implausibly low, "
+                "check that the profiles are of this kind of device and the FLOP count"
+            )
         models[device.name] = SpeedModel(alpha, roofline.beta(device, efficiency), source)
     return models
 
@@ -367,8 +387,11 @@ def scaled_rows(
             p = run(n)
         except ValueError as exc:
             if weak:  # every count holds the same batch per device: none would
+                # The inner fix (a smaller global batch, more devices) means nothing here.
+                reason = str(exc).split("; lower the global batch")[0]
                 raise ValueError(
-                    f"--batch-per-device is more than a device holds, at {n:,} device(s): {exc}"
+                    f"--batch-per-device is more than a device holds, at {n:,} device(s): "
+                    f"{reason}; lower --batch-per-device"
                 ) from None
             first = first or exc
             continue

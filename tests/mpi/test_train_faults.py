@@ -338,6 +338,26 @@ def test_ctrl_c_outside_training_is_one_line_for_the_whole_job_and_exit_130(tmp_
     assert "Traceback" not in job.stderr and not (out / "profiles.json").exists(), job.output()
 
 
+def test_sigterm_while_the_ranks_start_is_one_line_and_exit_143(tmp_path):
+    """A scheduler's SIGTERM while every rank still loads torch: one line and 143, not the
+    default action's status 15 and MPICH's "BAD TERMINATION" banner."""
+    out = tmp_path / "run"
+    job = Job(tmp_path, 2, [*_faulty(), "--epochs", "1", "--out", str(out)])
+    deadline = time.monotonic() + 60
+    while not ((ranks := _rank_pids(str(out))) and len(ranks) == 2
+               and all(_loads_torch(pid) for pid in ranks)):  # fmt: skip
+        if job.process.poll() is not None or time.monotonic() > deadline:
+            job.kill()
+            raise AssertionError(f"the ranks never began to start\n{job.output()}")
+        time.sleep(0.01)
+    for pid in ranks:
+        os.kill(pid, signal.SIGTERM)
+    code = job.finish(timeout=60)
+    assert code == 143, job.output()
+    assert job.stderr.count("lbtrain: terminated (SIGTERM)") == 1, job.output()
+    assert "Traceback" not in job.stderr and "BAD TERMINATION" not in job.stdout, job.output()
+
+
 @pytest.mark.parametrize("phase", ["profiling", "evaluate", "draw"])
 def test_sigterm_in_any_phase_ends_the_job_with_143_and_a_resumable_checkpoint(tmp_path, phase):
     # What a scheduler does at the end of a job's time: SIGTERM to every process. Outside

@@ -102,3 +102,15 @@ def test_reference_batch_with_a_profiles_file_is_refused_not_ignored(capsys):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--reference-batch 32 applies only when profiling now" in result.stderr
     assert result.stdout == ""
+
+
+def test_profiling_flags_with_a_profiles_file_are_refused_not_ignored(capsys):
+    """The file's ranks ran at their own slowdowns: a new --emulate-slowdown would not apply."""
+    result = _cli(capsys, ["balance-report", "--profiles", str(FIXTURE),
+                   "--emulate-slowdown", "1,2", "--time-budget", "3"])  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--emulate-slowdown --time-budget shape profiling now" in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stdout == ""
+    # The defaults, given or not, change nothing: the file is read as before.
+    result = _cli(capsys, ["balance-report", "--profiles", str(FIXTURE), "--time-budget", "10"])
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -237,8 +237,10 @@ def test_more_epochs_on_a_cosine_run_move_its_rate_and_say_so(tmp_path):
     assert more.codes == [0, 0], more.output()
     assert "the learning rate goes on at 0.0005 (the checkpoint left it at 0)" in more.stdout
     assert "this run's schedule of 20 steps puts step 10 there" in more.stdout
+    # Each epoch's rate is its first step's: epoch 3 trains at the 4-epoch schedule's rate
+    # for step 10, not at the 0 the 2-epoch run ended on.
     rates = [e["lr"] for e in entries(out) if e["type"] == "epoch"]
-    assert rates[1] == 0 and rates[2] > 0, rates
+    assert rates[:3] == pytest.approx([1e-3, 5e-4, 5e-4]), rates
 
 
 def test_a_resumed_run_with_dropout_draws_the_masks_one_go_draws(tmp_path):

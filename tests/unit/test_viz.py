@@ -244,6 +244,23 @@ def test_plot_curves_writes_a_png_with_the_replan_on_every_panel(tmp_path):
         plt.close(figure)
 
 
+def test_a_stop_inside_an_epoch_that_never_ended_is_drawn_in_range():
+    """Stopped in epoch 9 after 8 full epochs: the line at 9 must be inside the axis."""
+    import matplotlib.pyplot as plt
+
+    records = run_records()[:-1] + [
+        {"type": "stop", "epoch": 9, "step": 3, "reason": "signal", "code": 143}
+    ]
+    figure, _ = draw_curves(records)
+    try:
+        for axis in figure.axes:
+            low, high = axis.get_xlim()
+            stops = [line for line in axis.get_lines() if list(line.get_xdata()) == [9, 9]]
+            assert len(stops) == 1 and low < 9 < high, (axis.get_title(), low, high)
+    finally:
+        plt.close(figure)
+
+
 def test_eval_series_draws_fractions_in_percent_and_skips_others():
     series = eval_series(run_records())
     assert set(series) == {"eval oa (%)", "eval aa (%)", "eval kappa (x100)"}  # not the loss

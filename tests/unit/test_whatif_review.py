@@ -65,3 +65,55 @@ def test_a_plot_without_a_scaling_table_is_refused(capsys, tmp_path):
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "--scaling" in err, err
     assert not (tmp_path / "s.png").exists()
+
+
+def test_a_profile_taken_under_an_emulated_slowdown_stands_for_the_device_itself():
+    """A rank emulating a 3x slower device measured 3x its own times; the device is asked."""
+    import dataclasses
+
+    real = [p for p in load_profiles(FIXTURE) if p.device_kind == "cpu"][:1]
+    slowed = [dataclasses.replace(p, alpha=3 * p.alpha, beta=3 * p.beta, slowdown=3.0)
+              for p in real]  # fmt: skip
+    core = [BUILTIN_DEVICES["cpu-core"]]
+    alone = speed_models(core, real)["cpu-core"]
+    both = speed_models(core, [*real, *slowed])["cpu-core"]
+    assert (both.alpha, both.beta) == pytest.approx((alone.alpha, alone.beta))
+    assert "emulated slowdowns divided out" in both.source
+
+
+def test_a_profile_map_name_outside_the_cluster_is_refused():
+    """Mapping the table's h100 to CPU profiles would calibrate the cluster's a100 on them."""
+    profiles = load_profiles(FIXTURE)
+    with pytest.raises(ValueError, match=r"--profile-map names h100, which the cluster does not"):
+        speed_models([BUILTIN_DEVICES["a100"]], profiles, profile_map={"h100": "cpu"})
+
+
+def test_a_sweep_given_out_of_order_is_drawn_in_the_axis_order(monkeypatch, tmp_path):
+    """10, 100, 1, 25 Gb/s drawn as given would double back on the log axis."""
+    from types import SimpleNamespace
+
+    from lbtrain.cli import whatif_sweep
+    from lbtrain.whatif.sweep import SweepPoint
+
+    drawn = {}
+
+    def keep(figure, plt, path):
+        drawn["x"] = list(figure.axes[1].lines[0].get_xdata())
+        plt.close(figure)
+        return tmp_path / "s.png"
+
+    monkeypatch.setattr(whatif_sweep, "save_figure", keep)
+    points = [
+        SweepPoint(f"{v:g}Gb/s", v, SimpleNamespace(compute=1e-3, sync=1e-3 / v, throughput=v))
+        for v in (10.0, 100.0, 1.0, 25.0)
+    ]
+    whatif_sweep.plot_sweep("link", points, str(tmp_path / "s.png"))
+    assert drawn["x"] == [1.0, 10.0, 25.0, 100.0]
+
+
+def test_a_mix_scales_against_one_copy(capsys):
+    argv = ["what-if", "--cluster", "1x h100, 2x cpu-core", "--scaling", "strong",
+            "--flops-per-sample", "1e9", "--gradient-bytes", "0",
+            "--global-batch", "64"]  # fmt: skip
+    assert main(argv, comm=SingleProcessCommunicator()) == 0
+    assert "speedup against 1 copy):" in capsys.readouterr().out

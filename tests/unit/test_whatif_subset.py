@@ -164,6 +164,7 @@ def test_scaling_starts_where_the_batch_fits_and_a_mix_needs_room_for_one_copy(c
                 comm=SingleProcessCommunicator())  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 2 and out == "" and "--batch-per-device is more than a device holds" in err
+    assert err.rstrip().endswith("; lower --batch-per-device") and "add devices" not in err, err
     code = main(["what-if", "--cluster", "4x h100, 2x t4", "--flops-per-sample", "1e9",
                  "--gradient-bytes", "0", "--global-batch", "64", "--scaling", "strong",
                  "--max-devices", "3"], comm=SingleProcessCommunicator())  # fmt: skip
