@@ -74,7 +74,7 @@ def subset_note(plan: BalancePlan) -> str | None:
     if len(best.ranks) == plan.world_size or slower:
         return None
     return (
-        f"the fastest launch uses ranks {_ranks(best.ranks)} only: {_ms(best.step)} ms/step "
+        f"the fastest launch uses {_ranks(best.ranks)} only: {_ms(best.step)} ms/step "
         f"against {_ms(plan.predicted_step_time)} ms with all {plan.world_size}; launch "
         f"{len(best.ranks)} rank{'s' if len(best.ranks) != 1 else ''} on those devices"
     )
@@ -91,7 +91,7 @@ def idle_ranks_note(plan: BalancePlan) -> str | None:
     fixed = _ms(low) if math.isclose(low, high, rel_tol=0.05) else f"{_ms(low)} to {_ms(high)}"
     many = len(idle) > 1
     return (
-        f"rank{'s' if many else ''} {_ranks(idle)} get{'' if many else 's'} no samples: "
+        f"{_ranks(idle)} get{'' if many else 's'} no samples: "
         f"{'their' if many else 'its'} fixed cost per step ({fixed} ms; {_ms(one)} ms or more "
         f"for one sample) exceeds the step of the others ({_ms(plan.predicted_compute_time)} "
         f"ms); leave {'them' if many else 'it'} out of the launch"
@@ -110,7 +110,7 @@ def min_batch_note(plan: BalancePlan) -> str | None:
     ):
         return None
     return (
-        f"if ranks {_ranks(free.idle_ranks)} could get no samples, a step would take "
+        f"if {_ranks(free.idle_ranks)} could get no samples, a step would take "
         f"{_ms(free.predicted_step_time)} ms instead of {_ms(plan.predicted_step_time)} ms; "
         "allow zero shares with a minimum batch of 0 (--min-batch 0, or min_batch=0 in "
         "the library)"
@@ -118,7 +118,8 @@ def min_batch_note(plan: BalancePlan) -> str | None:
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    return ", ".join(map(str, ranks))
+    """ "rank 1" or "ranks 0, 2": the noun agrees with the count."""
+    return f"rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _ms(seconds: float) -> str:

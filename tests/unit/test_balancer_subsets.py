@@ -43,7 +43,8 @@ def _reference_predictions(replicas, total, comm):
 
 
 def _reference_note(plan):
-    """The pre-issue-22 subset_note, verbatim but for the reference predictions."""
+    """The pre-issue-22 subset_note, verbatim but for the reference predictions (and the
+    noun, which now agrees with the count: "rank 3", "ranks 0, 1")."""
     predictions = _reference_predictions(plan.replicas, plan.global_batch_size, plan.comm)
     if not predictions:
         return None
@@ -52,7 +53,7 @@ def _reference_note(plan):
     if len(best.ranks) == plan.world_size or slower:
         return None
     return (
-        f"the fastest launch uses ranks {_ranks(best.ranks)} only: {_ms(best.step)} ms/step "
+        f"the fastest launch uses {_ranks(best.ranks)} only: {_ms(best.step)} ms/step "
         f"against {_ms(plan.predicted_step_time)} ms with all {plan.world_size}; launch "
         f"{len(best.ranks)} rank{'s' if len(best.ranks) != 1 else ''} on those devices"
     )
@@ -118,5 +119,5 @@ def test_the_note_fires_and_matches_when_the_sync_outweighs_slow_ranks():
     replicas = [ReplicaSpeed(1e5, 1e-3, 1e-5)] * 2 + [ReplicaSpeed(500.0, 0.01, 2e-3)] * 6
     plan = plan_batches(replicas, 512, "cost", min_batch=1, comm=CommCost(0.02, 8))
     note = subset_note(plan)
-    assert note is not None and "ranks 0 only" in note
+    assert note is not None and "rank 0 only" in note
     assert note == _reference_note(plan)

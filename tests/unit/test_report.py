@@ -254,10 +254,10 @@ def test_notes_follow_the_cost_plan_or_else_the_last_policy():
     # A sync that only a single rank avoids: launching rank 0 alone is the advice.
     comm = CommCost(seconds=5e-3, world_size=4)
     (note,) = build_report(profiles, 1024, "proportional", comm=comm).notes
-    assert "ranks 0 only" in note
+    assert "rank 0 only" in note
     notes = build_report(profiles, 1024, "cost", comm=comm).notes
     assert any("get no samples" in n for n in notes)
-    assert any("ranks 0 only" in n for n in notes)
+    assert any("rank 0 only" in n for n in notes)
 
 
 def test_unknown_policy_and_format_are_rejected_in_library_names(report):
