@@ -97,6 +97,13 @@ def format_scaling(
             f"{r.devices:>8,}{r.global_batch:>10,}{_ms(r.step):>12}{r.throughput:>14,.0f}"
             f"{r.speedup:>9.2f}{r.efficiency:>12.1%}"
         )
+    # Say it where more devices lose: a table alone reads like a mistake.
+    peak = max(rows, key=lambda r: r.throughput)
+    if peak is not rows[-1]:
+        lines.append(
+            f"note: past {peak.devices:,} {unit} the throughput falls: the sync grows faster "
+            "than the compute shrinks (a new node's slower link, say)"
+        )
     return "\n".join(lines)
 
 

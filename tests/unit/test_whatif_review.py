@@ -117,3 +117,13 @@ def test_a_mix_scales_against_one_copy(capsys):
             "--global-batch", "64"]  # fmt: skip
     assert main(argv, comm=SingleProcessCommunicator()) == 0
     assert "speedup against 1 copy):" in capsys.readouterr().out
+
+
+def test_a_strong_scaling_table_says_where_more_devices_lose(capsys):
+    argv = ["what-if", "--cluster", "16x h100", "--scaling", "strong", "--flops-per-sample",
+            "1e9", "--global-batch", "1024", "--gradient-bytes"]  # fmt: skip
+    assert main([*argv, "1e8"], comm=SingleProcessCommunicator()) == 0
+    out = capsys.readouterr().out
+    assert "note: past 8 devices the throughput falls" in out, out
+    assert main([*argv, "0"], comm=SingleProcessCommunicator()) == 0  # no sync: no loss
+    assert "throughput falls" not in capsys.readouterr().out
