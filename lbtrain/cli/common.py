@@ -308,8 +308,9 @@ def add_profiling_arguments(
         "--repeats",
         type=positive_int,
         default=5,
-        help="timed steps per batch size, at least (the median is kept; fast steps are "
-        "repeated more, up to 50, while the budget allows)",
+        help="timed steps wanted per batch size (the median is kept; fast steps are "
+        "repeated more, up to 50, while the budget allows, and a slow rung is cut to 3 "
+        "when --time-budget runs short)",
     )
     group.add_argument(
         "--warmup",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -133,10 +135,14 @@ def test_zero_weight_adds_exact_zeros_even_over_stale_nan_gradients():
 def test_float32_weights_pass_and_a_prescaled_loss_sums_its_gradients_as_they_are():
     """Three float32 thirds sum to 1 + 3e-8: a rounding, not a wrong plan."""
     third = float(np.float32(1) / np.float32(3))
+    # Built before the threads start: ranks that are threads share torch's global generator.
+    template = make_model()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 6, dtype=torch.float64, generator=generator)
+    y = torch.randint(0, 3, (8,), generator=generator)
 
     def work(comm):
-        model = make_model()
-        x, y = torch.randn(8, 6, dtype=torch.float64), torch.randint(0, 3, (8,))
+        model = copy.deepcopy(template)
         before = mean_loss_grads(model, x, y)
         sync_gradients(model, third, comm, prescaled=True)
         return before, [p.grad.clone() for p in model.parameters()]
