@@ -66,11 +66,6 @@ def main() -> int:
                 return 2
         from lbtrain.cli.main import main as run
         from lbtrain.trainer.signals import Interrupted
-
-        # From here the command line reports it (one line, 143, the job ended); a run
-        # puts its own handler in place while it trains, and this one back after.
-        signal.signal(signal.SIGTERM, lambda signum, frame: _raise(Interrupted(signum)))
-        return run()
     except KeyboardInterrupt:
         # Importing torch takes seconds, and parsing happens before any run: a Ctrl-C there
         # would otherwise be a long traceback. (A run catches its own, and stops every rank.)
@@ -78,14 +73,25 @@ def main() -> int:
         # says it only if it was interrupted alone.
         return _interrupted()
     except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the abort
         return _interrupted(143, "terminated (SIGTERM)")
+    try:
+        # From here the command line reports it (one line, 143, the job ended); a run puts
+        # its own handler in place while it trains, and this one back after.
+        signal.signal(signal.SIGTERM, lambda signum, frame: _raise(Interrupted(signum)))
+        return run()
+    except KeyboardInterrupt:
+        return _interrupted()  # before the command line's own handling: parsing, meeting
+    except Interrupted as exc:
+        return _interrupted(exc.code, "terminated (SIGTERM)")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not through interpreter exit
 
 
 def _interrupted(code: int = 130, what: str = "interrupted") -> int:
     from lbtrain.comm.launchers import MPI, TORCHRUN, LauncherError, detect_launcher
     from lbtrain.comm.mpi import abort_started, start_mpi
 
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the abort
     rank = launcher_rank()
     try:
         launcher = detect_launcher()

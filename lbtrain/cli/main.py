@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -241,21 +242,8 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
     except (KeyboardInterrupt, Interrupted) as exc:
         # A signal outside training steps (profiling, evaluation, drawing): no traceback,
         # status 130 (SIGINT) or 143 (SIGTERM), one line for the job.
-        code = exc.code if isinstance(exc, Interrupted) else 130
-        if comm.rank != 0:
-            if launched_by_torchrun():
-                # torchrun alone gets a terminal's Ctrl-C and sends it to every worker (each
-                # runs in a session of its own): rank 0 says it for all of them.
-                _abort(comm, code)
-                return code
-            # A signal to the job reaches every rank: rank 0 says it once and ends the job,
-            # which ends this rank during the pause. A rank interrupted alone says so after.
-            time.sleep(_ALONE_AFTER)
-        where = f" (rank {comm.rank})" if comm.rank else ""
-        what = "interrupted" if code == 130 else "terminated (SIGTERM)"
-        print(f"lbtrain: {what}{where}", file=sys.stderr, flush=True)
-        _abort(comm, code)  # ranks not interrupted would wait in their next collective call
-        return code
+        with _deaf_to_sigterm():  # a second one must not cut the abort short
+            return _signalled(comm, exc.code if isinstance(exc, Interrupted) else 130)
     except RankLost as exc:
         # Another rank vanished without a word (torchrun: killed); this rank is the one of
         # the survivors that says so (the others leave quietly), and the job ends.
@@ -322,3 +310,34 @@ def _close(comm: Communicator) -> None:
     close = getattr(comm, "close", None)
     if close is not None:
         close()
+
+
+@contextlib.contextmanager
+def _deaf_to_sigterm() -> Iterator[None]:
+    """Ignore SIGTERM (on the main thread, where handlers live) and restore it after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _signalled(comm: Communicator, code: int) -> int:
+    """Say it once for the job and end every rank, with `code` (130 or 143)."""
+    if comm.rank != 0:
+        if launched_by_torchrun():
+            # torchrun alone gets a terminal's Ctrl-C and sends it to every worker (each
+            # runs in a session of its own): rank 0 says it for all of them.
+            _abort(comm, code)
+            return code
+        # A signal to the job reaches every rank: rank 0 says it once and ends the job,
+        # which ends this rank during the pause. A rank interrupted alone says so after.
+        time.sleep(_ALONE_AFTER)
+    where = f" (rank {comm.rank})" if comm.rank else ""
+    what = "interrupted" if code == 130 else "terminated (SIGTERM)"
+    print(f"lbtrain: {what}{where}", file=sys.stderr, flush=True)
+    _abort(comm, code)  # ranks not interrupted would wait in their next collective call
+    return code

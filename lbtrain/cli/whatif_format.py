@@ -99,7 +99,7 @@ def format_scaling(
         )
     # Say it where more devices lose: a table alone reads like a mistake.
     peak = max(rows, key=lambda r: r.throughput)
-    if peak is not rows[-1]:
+    if rows[-1].throughput < 0.99 * peak.throughput:  # a plateau is not a loss
         lines.append(
             f"note: past {peak.devices:,} {unit} the throughput falls: the sync grows faster "
             "than the compute shrinks (a new node's slower link, say)"

@@ -246,6 +246,8 @@ class Engine:
             if self.step_metric is not None:
                 state.record.metric_sum = 0.0
         record, first = state.record, state.step
+        if not record.lr:  # an interrupted epoch from a checkpoint that predates the field
+            record.lr = float(self.optimizer.param_groups[0]["lr"])
         began = self.timer.now() - record.seconds  # an interrupted epoch's time carries on
         for step, (inputs, targets) in enumerate(loader):
             if step < first:  # resuming mid-epoch: same permutation, skip what was done

@@ -139,15 +139,8 @@ def speed_models(
     Raises a one-line ValueError naming a device with neither a profile nor a roofline.
     """
     keys = {k.lower(): v for k, v in (profile_map or {}).items()}
-    devices = list(devices)
-    # A mapped name outside the cluster would only calibrate its kind's roofline with
-    # whatever it maps to: CPU timings as a GPU's, say. Refuse it rather than mislead.
-    stray = sorted(set(keys) - {d.name.lower() for d in devices})
-    if stray:
-        raise ValueError(
-            f"--profile-map names {', '.join(stray)}, which the cluster does not hold "
-            f"({', '.join(sorted({d.name for d in devices}))}); map the cluster's device names"
-        )
+    devices, table = list(devices), list(table)
+    _check_map_kinds(keys, {d.name.lower(): d for d in [*table, *devices]}, profiles)
     models: dict[str, SpeedModel] = {}
     for device in devices:
         measured = _measured(device, profiles, keys.get(device.name))
@@ -182,6 +175,26 @@ def speed_models(
             )
         models[device.name] = SpeedModel(alpha, roofline.beta(device, efficiency), source)
     return models
+
+
+def _check_map_kinds(
+    keys: Mapping[str, str], specs: Mapping[str, DeviceSpec], profiles: Sequence[Any]
+) -> None:
+    """Refuse a --profile-map entry that gives a device profiles of another kind: CPU
+    timings would stand for a GPU (or calibrate every GPU's roofline), and the reverse."""
+    for name, key in keys.items():
+        spec = specs.get(name)
+        if spec is None:
+            continue  # the command line names unknown devices itself
+        kinds = {str(p.device_kind).lower() for p in profiles if profile_matches(spec, p, key)} - {
+            _PROFILE_KIND[spec.kind]
+        }
+        if kinds:
+            raise ValueError(
+                f"--profile-map {name}={key} gives the {spec.kind} device {name!r} profiles "
+                f"of {', '.join(sorted(kinds))} ranks; map it to profiles of its own kind "
+                f"({_PROFILE_KIND[spec.kind]})"
+            )
 
 
 def _efficiency(

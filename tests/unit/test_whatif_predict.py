@@ -186,7 +186,7 @@ def test_the_cli_prints_a_scaling_table_and_plot(capsys, tmp_path):
         (["--cluster", "4x h100", "--profiles", FIXTURE, "--profile-map", "x1=cuda"],
          "unknown device 'x1'"),
         (["--cluster", "4x a100", "--profiles", FIXTURE, "--profile-map", "h100=cpu",
-          "--flops-per-sample", "1e8"], "--profile-map names h100, which the cluster does not"),
+          "--flops-per-sample", "1e8"], "--profile-map h100=cpu gives the gpu device 'h100'"),
         (["--cluster", "4x h100", "--profiles", "missing.json"],
          "or leave --profiles out to predict from --flops-per-sample or --count-flops"),
     ],

@@ -14,7 +14,7 @@ from lbtrain.profiling import load_profiles
 from lbtrain.whatif.cluster import parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES
 from lbtrain.whatif.network import hierarchical
-from lbtrain.whatif.predict import SpeedModel, predict, speed_models
+from lbtrain.whatif.predict import Roofline, SpeedModel, predict, speed_models
 
 FIXTURE = "tests/fixtures/profiles_gpu_cpu.json"
 
@@ -81,11 +81,18 @@ def test_a_profile_taken_under_an_emulated_slowdown_stands_for_the_device_itself
     assert "emulated slowdowns divided out" in both.source
 
 
-def test_a_profile_map_name_outside_the_cluster_is_refused():
+def test_a_profile_map_to_another_kind_of_device_is_refused():
     """Mapping the table's h100 to CPU profiles would calibrate the cluster's a100 on them."""
     profiles = load_profiles(FIXTURE)
-    with pytest.raises(ValueError, match=r"--profile-map names h100, which the cluster does not"):
-        speed_models([BUILTIN_DEVICES["a100"]], profiles, profile_map={"h100": "cpu"})
+    table = list(BUILTIN_DEVICES.values())
+    with pytest.raises(ValueError, match=r"--profile-map h100=cpu gives the gpu device 'h100' "
+                       r"profiles of cpu ranks"):  # fmt: skip
+        speed_models([BUILTIN_DEVICES["a100"]], profiles, profile_map={"h100": "cpu"},
+                     table=table)  # fmt: skip
+    # A table device mapped to GPU profiles still calibrates the cluster's GPUs, as documented.
+    a100 = speed_models([BUILTIN_DEVICES["a100"]], profiles, Roofline(1e9),
+                        profile_map={"t4": "cuda"}, table=table)["a100"]  # fmt: skip
+    assert "calibrated on gpu profiles" in a100.source, a100.source
 
 
 def test_a_sweep_given_out_of_order_is_drawn_in_the_axis_order(monkeypatch, tmp_path):
