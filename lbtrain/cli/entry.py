@@ -82,7 +82,7 @@ def main() -> int:
     except KeyboardInterrupt:
         return _interrupted()  # before the command line's own handling: parsing, meeting
     except Interrupted as exc:
-        return _interrupted(exc.code, "terminated (SIGTERM)")
+        return _interrupted(exc.code, "interrupted" if exc.code == 130 else "terminated (SIGTERM)")
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not through interpreter exit
 
