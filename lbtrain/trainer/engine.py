@@ -240,13 +240,13 @@ class Engine:
             state.record = EpochRecord(
                 epoch, slowdown=slowdown.factor, batch_sizes=list(plan.batch_sizes)
             )
-            # The rate the epoch trains at (its first step's); at its end the scheduler has
-            # already moved on to the next epoch's.
-            state.record.lr = float(self.optimizer.param_groups[0]["lr"])
             if self.step_metric is not None:
                 state.record.metric_sum = 0.0
         record, first = state.record, state.step
-        if not record.lr:  # an interrupted epoch from a checkpoint that predates the field
+        # The rate the epoch trains at (its first step's; at its end the scheduler has moved
+        # on to the next epoch's). An interrupted epoch keeps the rate its checkpoint holds,
+        # unless the checkpoint predates the field.
+        if not record.lr:
             record.lr = float(self.optimizer.param_groups[0]["lr"])
         began = self.timer.now() - record.seconds  # an interrupted epoch's time carries on
         for step, (inputs, targets) in enumerate(loader):

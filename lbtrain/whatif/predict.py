@@ -107,6 +107,11 @@ def profile_matches(device: DeviceSpec, profile: Any, key: str | None = None) ->
     return device.kind == "cpu" or device.name.replace("-", " ") in name.replace("-", " ")
 
 
+def _slowdown(profile: Any) -> float:
+    """The emulated slowdown a profile ran under (1: none, or a record without the field)."""
+    return max(1.0, float(getattr(profile, "slowdown", 1.0) or 1.0))
+
+
 def _measured(device: DeviceSpec, profiles: Sequence[Any], key: str | None) -> SpeedModel | None:
     matched = [p for p in profiles if profile_matches(device, p, key)]
     if not matched:
@@ -117,7 +122,7 @@ def _measured(device: DeviceSpec, profiles: Sequence[Any], key: str | None) -> S
              for p in matched]  # fmt: skip
     # A rank profiled under --emulate-slowdown F slept (F - 1) times each step's compute: the
     # device itself is F times faster than that record, and it is the device that is asked.
-    slow = [max(1.0, float(getattr(p, "slowdown", 1.0) or 1.0)) for p in matched]
+    slow = [_slowdown(p) for p in matched]
     beta = median(p.beta * s / f for p, s, f in zip(matched, scale, slow, strict=True))
     alpha = median(p.alpha / f for p, f in zip(matched, slow, strict=True))
     source = f"median of {len(matched)} profile(s)"
@@ -156,7 +161,7 @@ def speed_models(
             )
         efficiency, how = _efficiency(device.kind, [*devices, *table], profiles, keys, roofline)
         kind_alphas = [
-            p.alpha / max(1.0, float(getattr(p, "slowdown", 1.0) or 1.0))
+            p.alpha / _slowdown(p)
             for p in profiles
             if str(p.device_kind).lower() == _PROFILE_KIND[device.kind]
         ]
