@@ -102,7 +102,9 @@ OPTIONS: tuple[WorkloadOption, ...] = (
         "pca",
         None,
         "PCA components fitted on training pixels, 0 to keep the bands; default the model's "
-        "reference (30 for hybridsn, none otherwise)",
+        "reference ("
+        + ", ".join(f"{name} {spec.pca or 'none'}" for name, spec in MODELS.items())
+        + ")",
         type=parse_int("pca", 0, optional=True),
     ),
     WorkloadOption(

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from lbtrain.data import BalancedLoader
+from lbtrain.data.sampler import disagreement, fingerprint
 
 __all__ = ["WeightedHookState", "weighted_allreduce_hook"]
 
@@ -42,19 +43,21 @@ class WeightedHookState:
         self.checked = False
 
     def check(self, device: torch.device) -> None:
-        """Refuse a loader planned for another group, or built for another rank, on every
-        rank at once (one small allreduce, at the first bucket)."""
+        """Refuse a loader planned for another group, built for another rank, or unlike the
+        other ranks' loaders, on every rank at once (one small allreduce, at the first
+        bucket)."""
         size = dist.get_world_size(self.process_group)
         rank = dist.get_rank(self.process_group)
-        # Each rank writes its (plan size, loader rank + 1) into its own slots: after the sum
-        # every rank knows every loader, so one wrong loader stops all of them instead of
-        # leaving the others waiting in the bucket's allreduce.
-        table = torch.zeros(2 * size, dtype=torch.int64, device=device)
-        table[2 * rank] = self.loader.plan.world_size
-        table[2 * rank + 1] = self.loader.batch_sampler.rank + 1
+        sampler = self.loader.batch_sampler
+        # Each rank writes its (plan size, loader rank + 1, what the loaders must share) into
+        # its own row: after the sum every rank knows every loader, so one wrong loader stops
+        # all of them instead of leaving the others waiting in the bucket's allreduce.
+        row = [sampler.plan.world_size, sampler.rank + 1, *fingerprint(sampler, plan_as_int=True)]
+        table = torch.zeros(size, len(row), dtype=torch.int64, device=device)
+        table[rank] = torch.tensor(row, dtype=torch.int64)
         dist.all_reduce(table, group=self.process_group)
-        loaders = table.view(size, 2).tolist()
-        for where, (planned, built) in enumerate(loaders):
+        loaders = table.tolist()
+        for where, (planned, built, *_) in enumerate(loaders):
             if planned != size:
                 raise ValueError(
                     f"loader's plan is for {planned} ranks but the process group has {size} "
@@ -65,6 +68,9 @@ class WeightedHookState:
                     f"loader was built for rank {built - 1} on rank {where}; pass "
                     "rank=dist.get_rank() to balanced_loader"
                 )
+        problem = disagreement([loader[2:] for loader in loaders])
+        if problem is not None:
+            raise ValueError(problem)
         self.checked = True
 
 

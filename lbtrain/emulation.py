@@ -277,7 +277,11 @@ def factor_at(
 
 
 def slowdown_schedule(
-    changes: str | None, base: Slowdown, rank: int, world_size: int
+    changes: str | None,
+    base: Slowdown,
+    rank: int,
+    world_size: int,
+    epochs: int | None = None,
 ) -> Callable[[int], Slowdown]:
     """The Slowdown of each epoch (from 0): `base`, then the factors that `changes` sets.
 
@@ -286,8 +290,18 @@ def slowdown_schedule(
         base: the slowdown the run starts with (from `--emulate-slowdown`).
         rank: this rank.
         world_size: ranks in the job.
+        epochs: the run's epochs, if known: a change after the last would never apply.
+
+    Raises:
+        ValueError: a bad entry, or one that starts after `epochs`.
     """
     parsed = parse_slowdown_changes(changes, world_size)
+    late = [index + 1 for index, _ in parsed if epochs is not None and index + 1 > epochs]
+    if late:
+        raise ValueError(
+            f"emulate_change={changes!r} changes the slowdown from epoch {late[0]}, after the "
+            f"run's last (epochs={epochs}); train more epochs, or change it earlier"
+        )
 
     def at(epoch: int) -> Slowdown:
         factor = factor_at(epoch, rank, base.factor, parsed)

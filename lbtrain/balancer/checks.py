@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from numbers import Integral, Real
 from typing import Any
 
-__all__ = ["listed", "real", "whole"]
+__all__ = ["flag", "listed", "real", "whole"]
 
 
 def whole(name: str, value: object, *, low: int | None = None) -> int:
@@ -24,6 +24,15 @@ def whole(name: str, value: object, *, low: int | None = None) -> int:
     if low is not None and number < low:
         raise ValueError(f"{name}={number} is invalid: it must be an integer >= {low}")
     return number
+
+
+def flag(name: str, value: object) -> bool:
+    """`value` as a bool; TypeError naming `name` for anything else (a string "False" is
+    true to Python, so it is refused rather than read)."""
+    # numpy's bool is no subclass of bool; it is told by its type's name, with no import.
+    if not isinstance(value, bool) and type(value).__name__ not in ("bool_", "bool"):
+        raise TypeError(f"{name}={value!r} ({type(value).__name__}) must be True or False")
+    return bool(value)
 
 
 def real(name: str, value: object) -> float:

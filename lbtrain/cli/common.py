@@ -122,6 +122,18 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
+# Seeds reach scikit-learn (a PCA's random_state), which takes 0 to 2^32 - 1.
+SEED_LIMIT = 2**32 - 1
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a seed, a whole number from 0 to 2^32 - 1."""
+    value = _int_at_least(text, 0)
+    if value > SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"{value} must be <= {SEED_LIMIT} (2^32 - 1)")
+    return value
+
+
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
     try:
@@ -324,7 +336,7 @@ def add_profiling_arguments(
         help="skip the memory cap (CUDA out-of-memory probe, CPU RAM estimate) (default: "
         "find the cap)",
     )
-    group.add_argument("--seed", type=int, default=0, help="seed of the synthetic batches")
+    group.add_argument("--seed", type=seed_int, default=0, help="seed of the synthetic batches")
     parser.set_defaults(workload_flags=add_workload_options(parser, workload))
 
 

@@ -21,6 +21,7 @@ from lbtrain.cli.common import (
     non_negative_int,
     positive_float,
     positive_int,
+    seed_int,
 )
 from lbtrain.comm import Communicator
 from lbtrain.session import agree, root_value
@@ -121,7 +122,7 @@ def add_parser(
     _add(basics, "global_batch", "samples per synchronous step, summed over all ranks",
          type=positive_int)  # fmt: skip
     _add(basics, "seed", "seed of the data split, the model's initialisation and the shuffling",
-         type=int)  # fmt: skip
+         type=seed_int)  # fmt: skip
     _add(basics, "out", "output folder (default: a new runs/<date-time>)", metavar="DIR")
     _add(basics, "overwrite", "write into a --out that is not empty: an earlier run's files "
          "there are removed once the plan stands, other files are left (default: refuse a "
@@ -134,7 +135,7 @@ def add_parser(
          "(every rank, tagged: the re-planner's reasoning, the profiling phases) or "
          "warning", choices=LOG_LEVELS)  # fmt: skip
     _add(basics, "log_every", "also print a line every N steps when output is not a terminal "
-         "(0: one line per epoch)", type=_non_negative)  # fmt: skip
+         "(0: one line per epoch)", type=non_negative_int)  # fmt: skip
     plan = parser.add_argument_group("balance")
     _add(plan, "policy", "how to share the global batch: equal (the unbalanced baseline), "
          "proportional (to throughput) or cost (alpha-beta model, fixed cost per step "
@@ -185,10 +186,10 @@ def add_parser(
          "result; for comparison)", choices=OVERLAP_MODES)  # fmt: skip
     evaluation = parser.add_argument_group("evaluation and checkpoints")
     _add(evaluation, "eval_every", "evaluate every N epochs (0: only at the end)",
-         type=_non_negative)  # fmt: skip
+         type=non_negative_int)  # fmt: skip
     _add(evaluation, "eval_batch", "samples per forward pass when evaluating", type=positive_int)
     _add(evaluation, "checkpoint_every", "write a checkpoint every N epochs (0: only at the "
-         "end)", type=_non_negative)  # fmt: skip
+         "end)", type=non_negative_int)  # fmt: skip
     _add(evaluation, "keep", "checkpoints kept, newest first", type=positive_int)
     _add(evaluation, "divergence", "on: stop with exit 1 when the loss runs away (a step's loss "
          "above 1000 x the first step's, or 8 epochs of growth above the first epoch's); "
@@ -212,16 +213,6 @@ def _add(group: Any, name: str, text: str, **kwargs: Any) -> None:
     if "(default" not in text:
         text += f" (default: {default})"
     group.add_argument("--" + name.replace("_", "-"), dest=name, help=text, **kwargs)
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
 
 
 def build_config(

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from lbtrain.balancer import BalancePlan, plan_batches
 from lbtrain.balancer.checks import whole
@@ -162,6 +162,12 @@ def balanced_loader(
         if global_batch_size is None:
             raise ValueError("global_batch_size is required when ranks is not a BalancePlan")
         plan = plan_batches(ranks, global_batch_size, policy, caps=caps)
+    if isinstance(dataset, IterableDataset):
+        raise TypeError(
+            f"dataset of type {type(dataset).__name__} is an IterableDataset; balanced_loader "
+            "needs a map-style dataset (one with __getitem__ and __len__), whose samples it "
+            "can share out by index"
+        )
     try:
         num_samples = len(dataset)  # type: ignore[arg-type]
     except TypeError as exc:

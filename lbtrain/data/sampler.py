@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import zlib
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
 
 from lbtrain.balancer import BalancePlan
-from lbtrain.balancer.checks import whole
+from lbtrain.balancer.checks import flag, whole
 from lbtrain.balancer.rounding import largest_remainder
 from lbtrain.text import plural
 
-__all__ = ["BalancedBatchSampler", "epoch_schedule"]
+__all__ = ["BalancedBatchSampler", "disagreement", "epoch_schedule", "fingerprint"]
+
+# What every rank's sampler must share, or the ranks take different steps (and one waits
+# in a collective for another that has finished) or cover the data twice.
+AGREED = ("dataset length", "shuffle", "seed", "drop_last", "plan")
 
 
 def epoch_schedule(
@@ -108,6 +113,7 @@ class BalancedBatchSampler(Sampler[list[int]]):
         rank = whole("rank", rank)
         num_samples = whole("num_samples", num_samples)
         seed = whole("seed", seed)
+        shuffle, drop_last = flag("shuffle", shuffle), flag("drop_last", drop_last)
         if not 0 <= rank < plan.world_size:
             raise ValueError(
                 f"Invalid rank {rank}, rank should be in the interval [0, {plan.world_size - 1}]"
@@ -141,7 +147,7 @@ class BalancedBatchSampler(Sampler[list[int]]):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the permutation of `epoch`; call it with the same value on every rank."""
-        self.epoch = epoch
+        self.epoch = whole("epoch", epoch, low=0)
 
     def set_plan(self, plan: BalancePlan) -> None:
         """Share later batches by `plan` (re-planning); call with the same plan on every rank.
@@ -192,3 +198,44 @@ class BalancedBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return len(self._schedule)
+
+
+def fingerprint(sampler: BalancedBatchSampler, *, plan_as_int: bool = False) -> tuple:
+    """What `sampler` must share with every other rank's, in the order of `AGREED`.
+
+    `plan_as_int` gives the plan's batch sizes as a CRC-32, so the row fits a tensor.
+    """
+    plan: object = tuple(sampler.plan.batch_sizes)
+    if plan_as_int:
+        plan = zlib.crc32(repr(plan).encode())
+    return (sampler.num_samples, int(sampler.shuffle), sampler.seed, int(sampler.drop_last), plan)
+
+
+def disagreement(rows: Sequence[Sequence[object]]) -> str | None:
+    """The first setting on which the ranks' samplers differ, as a one-line error, or None.
+
+    Args:
+        rows: each rank's `fingerprint`, in rank order.
+    """
+    for column, name in enumerate(AGREED):
+        first = rows[0][column]
+        other = next((r for r, row in enumerate(rows) if row[column] != first), None)
+        if other is None:
+            continue
+        if name == "plan" and isinstance(first, int):
+            said = f"rank {other}'s batch sizes differ from rank 0's"
+        else:
+            shown = [_shown(name, v) for v in (first, rows[other][column])]
+            said = f"{shown[0]} on rank 0, {shown[1]} on rank {other}"
+        return (
+            f"the ranks' loaders disagree on the {name} ({said}); build every rank's loader "
+            "from the same plan and dataset, with the same shuffle, seed and drop_last, or "
+            "their steps differ"
+        )
+    return None
+
+
+def _shown(name: str, value: object) -> object:
+    if name in ("shuffle", "drop_last"):
+        return bool(value)
+    return list(value) if isinstance(value, tuple) else value

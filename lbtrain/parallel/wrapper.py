@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
+from lbtrain.data.sampler import disagreement, fingerprint
 from lbtrain.evaluation import Evaluator, evaluate
 from lbtrain.gradients import GradientSync
 from lbtrain.parallel.layout import broadcast_tensors, check_same_model
@@ -96,6 +97,8 @@ class BalancedDataParallel(nn.Module):
     ) -> None:
         super().__init__()
         agree(comm, lambda: _check_arguments(module, comm, loader, weighting))
+        rows = comm.allgather(fingerprint(loader.batch_sampler))
+        agree(comm, lambda: _raise_if(disagreement(rows)), name_rank=False)
         # An engine whose transport depends on the devices (torch.distributed: NCCL only where
         # every rank is on a GPU) picks it now, unless the job already did (the trainer).
         use_device = getattr(comm, "use_device", None)
@@ -291,6 +294,11 @@ def _mark(outputs: Any, factor: float, owner: BalancedDataParallel, *, leaf: boo
     if isinstance(outputs, list | tuple):
         return type(outputs)(_mark(value, factor, owner, leaf=leaf) for value in outputs)
     return outputs
+
+
+def _raise_if(problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(problem)
 
 
 # ValueError, not TypeError: agree() reports these on every rank, so none waits alone.

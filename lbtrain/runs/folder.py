@@ -18,10 +18,14 @@ from typing import Any
 from lbtrain.text import device_label
 from lbtrain.viz.records import epoch_records, eval_records, read_metrics
 
-__all__ = ["RUN_MARKERS", "Run", "load_run"]
+__all__ = ["LOCK_FILE", "RUN_MARKERS", "Run", "load_run"]
 
 # Files whose presence makes a folder a run folder (any one of them).
 RUN_MARKERS = ("summary.json", "config.toml", "metrics.jsonl")
+# Held (flock) by rank 0 of `lbtrain train` while it writes the folder (trainer/run_folder.py).
+# The file stays after the run: one removed as a process ends could be locked by a process
+# starting and created anew by another, and both would write.
+LOCK_FILE = ".lbtrain.lock"
 
 
 @dataclass(frozen=True)
@@ -267,6 +271,6 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def _files(path: Path) -> dict[str, int]:
     files = {}
     for entry in sorted(path.rglob("*")):
-        if entry.is_file():
+        if entry.is_file() and entry.name != LOCK_FILE:
             files[entry.relative_to(path).as_posix()] = entry.stat().st_size
     return files

@@ -40,10 +40,13 @@ def _indent(text: str) -> str:
 def _header(run: Run) -> str:
     ranks = run.world_size
     planned = run.planned_epochs
+    # The last epoch's number, not the records': a run resumed into a new folder holds only
+    # the epochs trained there.
+    done = int(run.epochs[-1].get("epoch", len(run.epochs))) if run.epochs else 0
     what = [
-        f"{len(run.epochs)} of {_plural(planned, 'epoch')}"
+        f"{done} of {_plural(planned, 'epoch')}"
         if planned and not run.finished
-        else _plural(len(run.epochs), "epoch"),
+        else _plural(done, "epoch"),
         *([_plural(ranks, "rank")] if ranks else []),
         *([f"policy {run.policy}"] if run.policy else []),
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -84,15 +85,22 @@ def find_checkpoint(path: str | os.PathLike[str]) -> Path:
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint onto the CPU; a damaged or foreign file is a one-line ValueError."""
+    """Read a checkpoint onto the CPU; a damaged or foreign file is a one-line ValueError.
+
+    The archive's CRC-32s are checked first: torch.load does not read them, and a few
+    flipped bytes inside a tensor would otherwise resume with wrong weights and exit 0.
+    """
     path = Path(path)
+    problem = _damage(path)
+    if problem is not None:
+        raise ValueError(f"resume {str(path)!r} {problem}; {_instead(path)}")
     try:
         # weights_only: a checkpoint is data; unpickling arbitrary objects would run code.
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a torn or foreign file
+    except Exception as exc:  # torch raises many types for a foreign file
         raise ValueError(
             f"resume {str(path)!r} is not a readable lbtrain checkpoint ({type(exc).__name__}: "
-            f"{' '.join(str(exc).split())[:200]})"
+            f"{' '.join(str(exc).split())[:120]}); {_instead(path)}"
         ) from None
     required = ("model", "optimizer", "epoch", "step", "global_step", "config", "plan")
     if not isinstance(state, dict) or any(key not in state for key in required):
@@ -101,3 +109,29 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{', '.join(k for k in required if not isinstance(state, dict) or k not in state)})"
         )
     return state
+
+
+def _damage(path: Path) -> str | None:
+    """Why `path` is not an intact torch.save archive, or None."""
+    try:
+        with path.open("rb") as file:
+            magic = file.read(4)
+        if magic != b"PK\x03\x04":
+            return "is not an lbtrain checkpoint (not an archive that torch.save writes)"
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, EOFError) as exc:
+        return f"is damaged, cut short or overwritten ({exc})"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    return None if bad is None else f"is damaged: its part {bad!r} fails its CRC-32 check"
+
+
+def _instead(path: Path) -> str:
+    """What to resume from instead: the newest intact-looking checkpoint before `path`."""
+    if not _NAME.match(path.name):
+        return f"name a {CHECKPOINT_DIR}/step-*.pt file or the folder of a run"
+    earlier = [p for p in list_checkpoints(path.parent) if p.name < path.name]
+    if earlier:
+        return f"resume from the one before it, {str(earlier[-1])!r}"
+    return "name another checkpoint, or start the run again"

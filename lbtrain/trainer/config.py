@@ -149,7 +149,9 @@ class TrainConfig:
         _whole(self, "checkpoint_every", 0)
         _whole(self, "keep", 1)
         _whole(self, "log_every", 0)
-        _whole(self, "seed", None)
+        _whole(self, "seed", 0)
+        if self.seed > 2**32 - 1:  # seeds reach scikit-learn, which takes 0 to 2^32 - 1
+            raise ValueError(f"seed={self.seed} must be <= 4294967295 (2^32 - 1)")
         if self.threads is not None:
             _whole(self, "threads", 1)
         _choice(self, "policy", POLICIES)
@@ -181,7 +183,12 @@ class TrainConfig:
         _inside_run("trace", self.trace, ".json")
         _inside_run("tensorboard", self.tensorboard, "")
         if self.profiles and self.plan:
-            raise ValueError("profiles and plan are both given; a plan already fixes the batches")
+            raise ValueError(
+                f"profiles={self.profiles!r} and plan={self.plan!r} are both given; a plan "
+                "already fixes the batches: drop the profiles file"
+            )
+        # A plan's own policy and smallest batch are checked against it once it is read
+        # (lbtrain.trainer.planning); a time budget beside it is harmless: nothing is profiled.
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -238,7 +245,15 @@ def save_toml(path: str | Path, config: TrainConfig) -> Path:
     """Write the run's recipe as TOML (atomically, as every output of a run)."""
     from lbtrain.outputs import atomic_write_bytes
 
-    return atomic_write_bytes(path, tomli_w.dumps(config.recipe()).encode())
+    return atomic_write_bytes(path, (_TOML_HEADER + tomli_w.dumps(config.recipe())).encode())
+
+
+# Said in the file itself, since a user who edits it would expect `--resume` to read it.
+_TOML_HEADER = (
+    "# The settings of this run, as lbtrain train wrote them: a record, not read back by\n"
+    "# --resume (which continues the checkpoint's settings; change those with flags, such\n"
+    "# as --epochs N). Start a new run from this file with --config FILE.\n"
+)
 
 
 def _inside_run(name: str, value: Any, suffix: str) -> None:
@@ -248,8 +263,8 @@ def _inside_run(name: str, value: Any, suffix: str) -> None:
     path = Path(str(value))
     if not isinstance(value, str) or not value.strip() or path.is_absolute() or ".." in path.parts:
         raise ValueError(
-            f"{name}={value!r} must name a path inside the run folder, such as "
-            f"{'trace.json' if suffix else 'tensorboard'}; the run folder is chosen with out"
+            f"{name}={value!r} must name a path inside the run folder (out=...), relative to "
+            f"it, such as {'trace.json' if suffix else 'tensorboard'}"
         )
     if suffix and path.suffix != suffix:
         raise ValueError(f"{name}={value!r} must end in {suffix} (a Chrome/Perfetto JSON trace)")

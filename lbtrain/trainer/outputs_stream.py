@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from lbtrain.trainer.callbacks import MetricsCallback
 from lbtrain.trainer.engine import Engine
+from lbtrain.trainer.run_folder import release_run_folder
 from lbtrain.trainer.summary import device_label
 from lbtrain.viz.records import MetricsStream, truncate_after
 
@@ -92,3 +93,4 @@ def open_metrics(setup: Setup, engine: Engine) -> Iterator[MetricsStream | _Sile
     finally:
         stream.close()
         engine.close()
+        release_run_folder(setup.lock)

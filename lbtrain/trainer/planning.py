@@ -273,6 +273,22 @@ def _check_plan(plan: BalancePlan, config: TrainConfig, world_size: int) -> None
             f"global_batch={config.global_batch}; set global_batch to "
             f"{plan.global_batch_size} or plan again"
         )
+    # The plan's policy and smallest batch rule its re-plans too: a different one given
+    # beside it would be recorded in config.toml without having applied.
+    if config.policy != TrainConfig.policy and config.policy != plan.policy:
+        raise ValueError(
+            f"plan {config.plan!r} was made by the {plan.policy} policy, which its re-plans keep, "
+            f"not policy={config.policy!r}; remove that setting, or leave the plan file out to "
+            "plan with it"
+        )
+    small = [(r, b) for r, b in enumerate(plan.batch_sizes) if b < config.min_batch]
+    if small:
+        rank, batch = small[0]
+        raise ValueError(
+            f"plan {config.plan!r} gives rank {rank} a batch of {batch}, below "
+            f"min_batch={config.min_batch}; lower min_batch, or leave the plan file out to "
+            "plan with it"
+        )
 
 
 def _device_list(devices: list[dict[str, Any]]) -> str:

@@ -4,23 +4,34 @@
 is not empty (unless ``overwrite``), one that is a file, or one that cannot be created,
 and creates nothing. :func:`start_run_folder` runs once the plan stands: it creates the
 folder and, when overwriting, removes the earlier run's files first, so an interrupted
-new run never leaves its files beside the old run's metrics.
+new run never leaves its files beside the old run's metrics, and takes the folder's lock
+(:func:`hold_run_folder`), so that a second `lbtrain train` into it (a resume of a run that
+is still going, say) is refused instead of mixing two histories.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from lbtrain.outputs import check_creatable, writing
+from lbtrain.runs.folder import LOCK_FILE
 from lbtrain.trainer.checkpoint import CHECKPOINT_DIR, list_checkpoints
 from lbtrain.trainer.config import TrainConfig
 
-__all__ = ["RUN_FILES", "prepare_out", "start_run_folder"]
+__all__ = [
+    "RUN_FILES",
+    "hold_run_folder",
+    "prepare_out",
+    "release_run_folder",
+    "start_run_folder",
+]
+
 
 # What every run writes into its folder (the workload's own files come on top).
 RUN_FILES = (
@@ -88,6 +99,7 @@ def _check_out(
     elif out.is_dir() and not config.overwrite:
         _refuse_non_empty(out)
     if out.is_dir():
+        _refuse_in_use(out, str(out))
         if not os.access(out, os.W_OK | os.X_OK):
             raise ValueError(
                 f"out {str(out)!r} cannot be written (the folder is not writable); choose a "
@@ -100,7 +112,7 @@ def _check_out(
 
 
 def _refuse_non_empty(out: Path) -> None:
-    entries = sorted(entry.name for entry in out.iterdir())
+    entries = sorted(entry.name for entry in out.iterdir() if entry.name != LOCK_FILE)
     if not entries:
         return
     held = [name for name in RUN_FILES if name in entries]
@@ -116,22 +128,62 @@ def _refuse_non_empty(out: Path) -> None:
     )
 
 
-def start_run_folder(out: Path, given: str, clear: bool, outputs: Iterable[str]) -> None:
-    """Create `out` on rank 0 once the plan stands; with `clear`, remove an earlier run.
+def start_run_folder(out: Path, given: str, clear: bool, outputs: Iterable[str]) -> IO[str]:
+    """Create and lock `out` on rank 0 once the plan stands; with `clear`, remove an earlier
+    run. Returns the lock, to hold until the run ends (:func:`release_run_folder`).
 
     Only the files a run writes (:data:`RUN_FILES` and the workload's `outputs`) are
     removed; anything else in the folder is left as it is.
 
     Raises:
         OutputError: the folder could not be created or cleared, naming ``out`` and `given`.
+        ValueError: another process holds the folder's lock.
     """
     with writing("out", given):
         out.mkdir(parents=True, exist_ok=True)
+        lock = hold_run_folder(out, given)
         if not clear:
-            return
+            return lock
         for name in (*RUN_FILES, *outputs):
             path = out / name
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             elif path.exists() or path.is_symlink():
                 path.unlink()
+    return lock
+
+
+def _refuse_in_use(out: Path, given: str) -> None:
+    """Raise if another process holds `out`'s lock (a run is writing there now)."""
+    path = out / LOCK_FILE
+    if path.is_file():
+        release_run_folder(hold_run_folder(out, given))
+
+
+def hold_run_folder(out: Path, given: str) -> IO[str]:
+    """Take `out`'s lock for this process; keep the returned file open while training.
+
+    Raises:
+        ValueError: another process holds it, naming its pid and the fix.
+    """
+    handle = (out / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        pid = handle.read().strip() or "unknown"
+        handle.close()
+        raise ValueError(
+            f"out {given!r} is in use: another lbtrain train (pid {pid}) is writing there now; "
+            "wait for it to end (or stop it), or choose another folder"
+        ) from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def release_run_folder(handle: IO[str] | None) -> None:
+    """Let go of a lock from :func:`hold_run_folder`."""
+    if handle is not None:
+        handle.close()  # closing the file releases the flock

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch import nn
@@ -80,6 +80,7 @@ class Setup:
     slowdown_at: Callable[[int], Slowdown]
     profile_seconds: float
     started: float = 0.0  # this session's start on the perf_counter clock
+    lock: IO[str] | None = None  # rank 0's hold on the run folder, while it trains
 
     def seconds_so_far(self) -> dict[str, float]:
         """Wall and profiling seconds of the whole run: the sessions before a resume (as
@@ -105,7 +106,7 @@ class Setup:
     def start_outputs(self) -> None:
         """On rank 0: create the run folder, and write config.toml, plan.json, profiles."""
         out = self.out
-        start_run_folder(out, self.given, self.clear, self.workload.outputs)
+        self.lock = start_run_folder(out, self.given, self.clear, self.workload.outputs)
         save_toml(out / "config.toml", self.config)
         atomic_write_text(out / "plan.json", self.plan.to_json() + "\n")
         if self.profiles is not None:
@@ -129,7 +130,9 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown)
     slowdown_at = agree(
         comm,
-        lambda: slowdown_schedule(config.emulate_change, replica.slowdown, comm.rank, comm.size),
+        lambda: slowdown_schedule(
+            config.emulate_change, replica.slowdown, comm.rank, comm.size, config.epochs
+        ),
     )
     workload = build_workload(comm, config.workload, config.seed, config.workload_options)
     agree(comm, lambda: check_trainable(workload, config, comm.size, checkpoint))

@@ -14,6 +14,7 @@ import pytest
 from lbtrain import SingleProcessCommunicator
 from lbtrain.cli.main import main
 from lbtrain.trainer.config import load_toml
+from lbtrain.trainer.run_folder import hold_run_folder, release_run_folder
 
 BASE = [
     "train", "--workload", "tests.fixtures.faulty:plugin", "--global-batch", "40",
@@ -68,6 +69,25 @@ def test_overwrite_replaces_the_earlier_run_and_leaves_other_files(tmp_path, cap
     assert (out / "split.npz").is_file() and (out / "metrics.txt").is_file()
     assert load_toml(out / "config.toml")["seed"] == 1
     assert "step-000000999.pt" not in [p.name for p in (out / "checkpoints").iterdir()]
+
+
+def test_a_folder_another_run_is_writing_is_refused_before_any_work(tmp_path, capsys):
+    """A resume (or an overwrite) of a run that is still going would write one folder from
+    two processes: refused while the folder's lock is held, as a live run holds it."""
+    out = tmp_path / "run"
+    code, _, err = _run(capsys, *BASE, "--out", str(out))
+    assert code == 0, err
+    before = sorted(p.name for p in out.rglob("*"))
+    lock = hold_run_folder(out, str(out))  # as the running process would
+    try:
+        for extra in (["--resume", str(out), "--epochs", "2"], ["--out", str(out), "--overwrite"]):
+            code, stdout, err = _run(capsys, *BASE, *extra)
+            _one_error(code, err, f"--out '{out}' is in use", f"(pid {os.getpid()})")
+            assert not stdout and sorted(p.name for p in out.rglob("*")) == before
+    finally:
+        release_run_folder(lock)
+    code, _, err = _run(capsys, *BASE, "--resume", str(out), "--epochs", "2")
+    assert code == 0, err
 
 
 def test_an_overwriting_run_that_fails_leaves_none_of_the_old_run(tmp_path, capsys):

@@ -57,6 +57,8 @@ def test_an_exception_on_one_rank_aborts_every_rank_with_its_message():
     [
         ("rank", "loader was built for rank 0 on rank 1; pass rank=dist.get_rank()"),
         ("size", "loader's plan is for 3 ranks but the process group has 2 (on rank 0)"),
+        ("plan", "the ranks' loaders disagree on the plan (rank 1's batch sizes differ"),
+        ("length", "the ranks' loaders disagree on the dataset length (16 on rank 0, 32 on"),
     ],
 )
 def test_the_ddp_hook_refuses_a_wrongly_built_loader_on_every_rank(case, refusal):

@@ -55,6 +55,21 @@ def test_numpy_scalars_work_as_batch_sizes_ranks_caps_and_speeds():
             lambda: balanced_loader([1.0, 2.0], dataset(), global_batch_size=8, rank=0, seed="1"),
             "seed",
         ),  # fmt: skip
+        # A string is true to Python: "no" would shuffle, "False" drop the short batch.
+        (
+            lambda: balanced_loader([1.0], dataset(), global_batch_size=8, rank=0, shuffle="no"),
+            "shuffle",
+        ),
+        (
+            lambda: balanced_loader(
+                [1.0], dataset(), global_batch_size=8, rank=0, drop_last="False"
+            ),
+            "drop_last",
+        ),
+        (
+            lambda: balanced_loader([1.0], dataset(), global_batch_size=8, rank=0).set_epoch(1.7),
+            "epoch",
+        ),
         (lambda: ReplicaSpeed("10"), "throughput"),
         (lambda: ReplicaSpeed(10.0, alpha=None), "alpha"),
         (lambda: ReplicaSpeed(10.0, cap=True), "cap"),
@@ -67,6 +82,20 @@ def test_numpy_scalars_work_as_batch_sizes_ranks_caps_and_speeds():
 def test_wrong_types_raise_a_type_error_naming_the_parameter(call, name):
     with pytest.raises(TypeError, match=rf"^{name}="):
         call()
+
+
+def test_an_iterable_dataset_is_named_even_with_a_length():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from range(4)
+
+        def __len__(self) -> int:
+            return 4
+
+    with pytest.raises(TypeError, match="dataset of type Stream is an IterableDataset"):
+        balanced_loader([1.0], Stream(), global_batch_size=2, rank=0)
+    # numpy's bool passes where bool does.
+    balanced_loader([1.0], dataset(), global_batch_size=8, rank=0, shuffle=np.bool_(False))
 
 
 def test_a_generator_of_speeds_is_read_once_like_a_list():

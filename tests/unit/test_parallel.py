@@ -74,6 +74,26 @@ def test_a_loader_built_for_another_rank_is_named():
     assert "rank 1: loader was built for rank 0 on rank 1" in str(errors[0])
 
 
+@pytest.mark.parametrize(
+    ("speeds", "lengths", "said"),
+    [
+        # One plan per rank from its own speeds: the weights would sum to 2/3.
+        ([[1.0, 2.0], [2.0, 1.0]], [16, 16], "on the plan ([2, 4] on rank 0, [4, 2] on rank 1)"),
+        # Datasets of other lengths: rank 0 would finish its epoch while rank 1 waits.
+        ([[1.0, 1.0], [1.0, 1.0]], [16, 24], "on the dataset length (16 on rank 0, 24 on rank 1)"),
+    ],
+)
+def test_loaders_that_differ_between_ranks_are_one_error_on_every_rank(speeds, lengths, said):
+    def work(comm):
+        data = _toy(lengths[comm.rank])
+        loader = balanced_loader(speeds[comm.rank], data, global_batch_size=6, rank=comm.rank)
+        BalancedDataParallel(nn.Linear(4, 2), comm, loader)
+
+    errors = _run_all(2, work)
+    assert all(isinstance(e, CollectiveError) for e in errors), errors
+    assert all(f"the ranks' loaders disagree {said}" in str(e) for e in errors), errors
+
+
 def _bn_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
@@ -84,7 +104,7 @@ def test_buffers_are_one_state_after_each_step_from_the_largest_share(broadcast)
     plan = plan_batches([2.0, 10.0, 4.0], 16, "proportional")
 
     def work(comm):
-        loader = balanced_loader(plan, _toy(64), rank=comm.rank, seed=comm.rank)
+        loader = balanced_loader(plan, _toy(64), rank=comm.rank)
         model = BalancedDataParallel(_bn_model(), comm, loader, broadcast_buffers=broadcast)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for x, y in loader:

@@ -117,6 +117,10 @@ def test_slowdown_changes_parse_and_apply_from_their_epoch():
     at = slowdown_schedule("3:4,1", base, 1, 2)
     assert at(0) is base and at(2).factor == 1.0
     assert parse_slowdown_changes(None, 3) == ()
+    # A change in the last epoch applies; one after it never would, and is refused.
+    assert slowdown_schedule("3:4,1", base, 1, 2, epochs=3)(2).factor == 1.0
+    with pytest.raises(ValueError, match=r"from epoch 5, after the run's last \(epochs=4\)"):
+        slowdown_schedule("3:4,1; 5:2", base, 1, 2, epochs=4)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ import pytest
 from lbtrain import SingleProcessCommunicator, plan_batches
 from lbtrain.cli.main import main
 from lbtrain.runs import load_run
+from lbtrain.runs.folder import LOCK_FILE
 from lbtrain.text import format_metric
 from lbtrain.trainer import Callback, TrainConfig, train
 from tests.fixtures.faulty_runs import BATCH, FAULTY, plan_file
@@ -137,8 +138,10 @@ def test_show_prints_the_recipe_plan_epochs_final_metrics_and_files(runs, capsys
     assert f"wall time {summary['wall_seconds']:.1f} s" in final[2]
     files = " ".join(_section(out, "files ("))
     for path in folder.rglob("*"):
-        if path.is_file():
+        if path.is_file() and path.name != LOCK_FILE:
             assert path.relative_to(folder).as_posix() in files
+    # The lock a run holds while it writes is no output of it.
+    assert (folder / LOCK_FILE).is_file() and LOCK_FILE not in files
 
 
 def test_show_an_interrupted_run_says_how_far_it_got_and_how_to_continue(runs, capsys):
@@ -171,6 +174,20 @@ def test_a_run_killed_without_a_word_reads_as_unfinished(runs, tmp_path):
     run = load_run(killed)
     assert not run.finished and run.stop is None and len(run.epochs) == 1
     assert run.unfinished == "no summary.json after epoch 1 of 4 (killed, or still running)"
+
+
+def test_a_run_resumed_into_a_new_folder_counts_its_epochs_by_number(runs, tmp_path, capsys):
+    """A resume with a new --out writes only the epochs trained there: the header counts to
+    the last epoch's number, as the summary does, not the records."""
+    later = tmp_path / "later"
+    shutil.copytree(runs["scene"], later)
+    lines = (later / "metrics.jsonl").read_text().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line).get("epoch") == SCENE_EPOCHS
+            or json.loads(line).get("type") != "epoch"]  # fmt: skip
+    (later / "metrics.jsonl").write_text("".join(kept))
+    code, out, err = _cli(capsys, "show", str(later))
+    assert code == 0 and not err, err
+    assert out.splitlines()[0].startswith(f"run {later}: finished ({SCENE_EPOCHS} epochs, 1 rank")
 
 
 def _expected_row(folder: Path, metrics: list[str]) -> list[str]:

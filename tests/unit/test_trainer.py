@@ -47,12 +47,29 @@ def test_config_round_trips_through_toml(tmp_path):
         ({"policy": "fast"}, "policy='fast' is unknown"),
         ({"global_batch": 2.5}, "global_batch=2.5 must be a whole number"),
         ({"momentum": 1.0}, "momentum=1.0 must be < 1"),
-        ({"profiles": "p.json", "plan": "plan.json"}, "profiles and plan are both given"),
+        ({"profiles": "p.json", "plan": "plan.json"}, "profiles='p.json' and plan='plan.json'"),
     ],
 )
 def test_config_rejects_bad_values_by_name(change, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         TrainConfig(**change).validate()
+
+
+def test_a_plan_refuses_another_policy_or_a_batch_below_min_batch_beside_it():
+    from lbtrain.balancer import BalancePlan
+    from lbtrain.trainer.planning import _check_plan
+
+    plan = BalancePlan("cost", 8, (8, 0), (2.0, 1.0))
+    with pytest.raises(ValueError, match="made by the cost policy.*not policy='equal'"):
+        _check_plan(plan, TrainConfig(plan="p.json", global_batch=8, policy="equal"), 2)
+    with pytest.raises(ValueError, match="gives rank 1 a batch of 0, below min_batch=1"):
+        _check_plan(plan, TrainConfig(plan="p.json", global_batch=8, min_batch=1), 2)
+    # What the plan was made with, said again, is no conflict.
+    _check_plan(plan, TrainConfig(plan="p.json", global_batch=8, policy="cost"), 2)
+
+
+def test_profiles_still_take_a_policy_a_smallest_batch_and_a_budget_to_re_time():
+    TrainConfig(profiles="p.json", policy="equal", min_batch=2, time_budget=3.0).validate()
 
 
 def test_unknown_setting_and_bad_toml_name_the_file(tmp_path):
@@ -94,12 +111,30 @@ def test_checkpoints_are_atomic_pruned_and_found(tmp_path):
     assert load_checkpoint(folder / "step-000000015.pt")["global_step"] == 15
     torn = folder / "step-000000020.pt"
     torn.write_bytes((folder / "step-000000015.pt").read_bytes()[:100])
-    with pytest.raises(ValueError, match="not a readable lbtrain checkpoint"):
+    with pytest.raises(ValueError, match="cut short.*resume from the one before it, .*15.pt"):
         load_checkpoint(torn)
     with pytest.raises(ValueError, match="holds no checkpoint"):
         find_checkpoint(tmp_path)
     with pytest.raises(ValueError, match="does not exist"):
         find_checkpoint(tmp_path / "nowhere")
+
+
+def test_a_checkpoint_with_flipped_bytes_or_of_another_kind_is_refused(tmp_path):
+    folder = tmp_path / "checkpoints"
+    state = _state(3)
+    state["model"] = {"weight": torch.arange(4096, dtype=torch.float32)}
+    first = save_checkpoint(folder, _state(2), keep=2)
+    path = save_checkpoint(folder, state, keep=2)
+    data = bytearray(path.read_bytes())
+    at = bytes(data).index(torch.arange(4096, dtype=torch.float32)[1000:1002].numpy().tobytes())
+    data[at : at + 8] = bytes(8)  # two weights zeroed: torch.load alone would take them
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"fails its CRC-32 check; resume from .*{first.name}"):
+        load_checkpoint(path)
+    foreign = tmp_path / "metrics.json"
+    foreign.write_text("{}")
+    with pytest.raises(ValueError, match=r"not an archive that torch.save writes\); name a"):
+        load_checkpoint(foreign)
 
 
 def test_outputs_get_the_usual_permissions_not_mkstemps_private_ones(tmp_path):

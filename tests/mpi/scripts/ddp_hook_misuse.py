@@ -1,6 +1,7 @@
 """A loader the DDP hook must refuse on every rank, under torchrun with 2 ranks.
 
-`rank`: both ranks build their loader for rank 0. `size`: both plan for 3 ranks. Each rank
+`rank`: both ranks build their loader for rank 0. `size`: both plan for 3 ranks. `plan`: each
+rank plans from its own speeds. `length`: rank 1's dataset is longer. Each rank
 catches the refusal and prints it, so the test sees that a rank whose own loader is right
 refused too, instead of waiting in the bucket's allreduce for a rank that left (torchrun's
 agent would end it, but other launchers do not).
@@ -23,10 +24,17 @@ def main() -> None:
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
-    if sys.argv[1] == "rank":
+    rank, case = dist.get_rank(), sys.argv[1]
+    if case == "rank":
         loader = balanced_loader([1.0, 1.0], data, global_batch_size=8, rank=0)  # rank 1: wrong
+    elif case == "size":
+        loader = balanced_loader([1.0] * 3, data, global_batch_size=9, rank=rank)
+    elif case == "plan":
+        speeds = [1.0, 3.0] if rank == 0 else [3.0, 1.0]
+        loader = balanced_loader(speeds, data, global_batch_size=8, rank=rank)
     else:
-        loader = balanced_loader([1.0] * 3, data, global_batch_size=9, rank=dist.get_rank())
+        data = TensorDataset(*(t.repeat(1 + rank, *[1] * (t.dim() - 1)) for t in data.tensors))
+        loader = balanced_loader([1.0, 1.0], data, global_batch_size=8, rank=rank)
     model = DistributedDataParallel(nn.Linear(4, 2))
     model.register_comm_hook(WeightedHookState(loader), weighted_allreduce_hook)
     x, y = next(iter(loader))
