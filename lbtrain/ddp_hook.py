@@ -52,7 +52,7 @@ class WeightedHookState:
         # Each rank writes its (plan size, loader rank + 1, what the loaders must share) into
         # its own row: after the sum every rank knows every loader, so one wrong loader stops
         # all of them instead of leaving the others waiting in the bucket's allreduce.
-        row = [sampler.plan.world_size, sampler.rank + 1, *fingerprint(sampler, plan_as_int=True)]
+        row = [sampler.plan.world_size, sampler.rank + 1, *fingerprint(sampler, as_ints=True)]
         table = torch.zeros(size, len(row), dtype=torch.int64, device=device)
         table[rank] = torch.tensor(row, dtype=torch.int64)
         dist.all_reduce(table, group=self.process_group)
@@ -68,7 +68,7 @@ class WeightedHookState:
                     f"loader was built for rank {built - 1} on rank {where}; pass "
                     "rank=dist.get_rank() to balanced_loader"
                 )
-        problem = disagreement([loader[2:] for loader in loaders])
+        problem = disagreement([loader[2:] for loader in loaders], hashed=True)
         if problem is not None:
             raise ValueError(problem)
         self.checked = True

@@ -104,7 +104,7 @@ def add_parser(
 # Options that shape profiling now, and nothing else (--reference-batch has its own line).
 _PROFILING_ONLY = (
     "devices", "threads", "emulate_slowdown", "time_budget", "batch_sizes", "max_batch",
-    "repeats", "warmup", "no_memory_cap", "seed",
+    "repeats", "warmup", "no_memory_cap", "seed", "workload",
 )  # fmt: skip
 
 
@@ -155,7 +155,6 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         )
     if args.profiles:
         profiles = load_profiles_collective(comm, args.profiles)
-        _check_workload(args, profiles)
     else:
         # Before minutes of profiling: equal and proportional give every rank at least one
         # sample, and at least --min-batch.
@@ -192,18 +191,6 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         if comm.rank == 0 and args.format != "json":
             print(f"\nplot written to {path}")
     return 0
-
-
-def _check_workload(args: argparse.Namespace, profiles: list) -> None:
-    """A --workload other than the default must be the one the profiles were measured on:
-    the report is of the file's profiles, whatever --workload says."""
-    other = sorted({p.workload for p in profiles} - {args.workload})
-    if args.workload != DEFAULT_WORKLOAD and other:
-        raise CLIError(
-            f"--profiles {args.profiles!r} were measured on workload "
-            f"{', '.join(map(repr, other))}, not --workload {args.workload!r}: drop --workload "
-            "(the report is of the file's profiles), or leave --profiles out to profile it now"
-        )
 
 
 # The library's parameter names in its error messages, and this verb's flags for them.

@@ -200,30 +200,33 @@ class BalancedBatchSampler(Sampler[list[int]]):
         return len(self._schedule)
 
 
-def fingerprint(sampler: BalancedBatchSampler, *, plan_as_int: bool = False) -> tuple:
+def fingerprint(sampler: BalancedBatchSampler, *, as_ints: bool = False) -> tuple:
     """What `sampler` must share with every other rank's, in the order of `AGREED`.
 
-    `plan_as_int` gives the plan's batch sizes as a CRC-32, so the row fits a tensor.
+    The seed counts only when shuffling. `as_ints` gives the seed and the plan's batch
+    sizes as CRC-32s, so the row fits an int64 tensor whatever the seed.
     """
+    seed: object = sampler.seed if sampler.shuffle else 0
     plan: object = tuple(sampler.plan.batch_sizes)
-    if plan_as_int:
-        plan = zlib.crc32(repr(plan).encode())
-    return (sampler.num_samples, int(sampler.shuffle), sampler.seed, int(sampler.drop_last), plan)
+    if as_ints:
+        seed, plan = (zlib.crc32(repr(value).encode()) for value in (seed, plan))
+    return (sampler.num_samples, int(sampler.shuffle), seed, int(sampler.drop_last), plan)
 
 
-def disagreement(rows: Sequence[Sequence[object]]) -> str | None:
+def disagreement(rows: Sequence[Sequence[object]], *, hashed: bool = False) -> str | None:
     """The first setting on which the ranks' samplers differ, as a one-line error, or None.
 
     Args:
         rows: each rank's `fingerprint`, in rank order.
+        hashed: the rows came from `fingerprint(..., as_ints=True)`.
     """
     for column, name in enumerate(AGREED):
         first = rows[0][column]
         other = next((r for r, row in enumerate(rows) if row[column] != first), None)
         if other is None:
             continue
-        if name == "plan" and isinstance(first, int):
-            said = f"rank {other}'s batch sizes differ from rank 0's"
+        if name in ("seed", "plan") and hashed:
+            said = f"rank {other}'s differs from rank 0's"
         else:
             shown = [_shown(name, v) for v in (first, rows[other][column])]
             said = f"{shown[0]} on rank 0, {shown[1]} on rank {other}"

@@ -116,11 +116,17 @@ class Run:
         return [record for record in self.epochs if record.get("replan")]
 
     @property
+    def epochs_done(self) -> int:
+        """The last epoch's number (a run resumed into a new folder holds only the epochs
+        trained there, so its records alone would count short)."""
+        return int(self.epochs[-1].get("epoch", len(self.epochs))) if self.epochs else 0
+
+    @property
     def unfinished(self) -> str | None:
         """Why the run did not finish, as a phrase; None when it finished."""
         if self.finished:
             return None
-        done = self.epochs[-1]["epoch"] if self.epochs else 0
+        done = self.epochs_done
         planned = f" of {self.planned_epochs}" if self.planned_epochs else ""
         if self.stop is not None:
             epoch, step = self.stop.get("epoch"), self.stop.get("step")

@@ -40,9 +40,7 @@ def _indent(text: str) -> str:
 def _header(run: Run) -> str:
     ranks = run.world_size
     planned = run.planned_epochs
-    # The last epoch's number, not the records': a run resumed into a new folder holds only
-    # the epochs trained there.
-    done = int(run.epochs[-1].get("epoch", len(run.epochs))) if run.epochs else 0
+    done = run.epochs_done
     what = [
         f"{done} of {_plural(planned, 'epoch')}"
         if planned and not run.finished

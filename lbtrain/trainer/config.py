@@ -149,9 +149,9 @@ class TrainConfig:
         _whole(self, "checkpoint_every", 0)
         _whole(self, "keep", 1)
         _whole(self, "log_every", 0)
-        _whole(self, "seed", 0)
-        if self.seed > 2**32 - 1:  # seeds reach scikit-learn, which takes 0 to 2^32 - 1
-            raise ValueError(f"seed={self.seed} must be <= 4294967295 (2^32 - 1)")
+        # Any whole seed, as before: a run resumed from a checkpoint keeps its seed (the
+        # command line takes 0 to 2^32 - 1 for a new one, what every workload here accepts).
+        _whole(self, "seed", None)
         if self.threads is not None:
             _whole(self, "threads", 1)
         _choice(self, "policy", POLICIES)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -258,7 +259,9 @@ def _plan_from(data: Any, config: TrainConfig, world_size: int) -> BalancePlan:
     except ValueError as exc:
         raise ValueError(f"plan {config.plan!r}: {exc}") from None
     _check_plan(plan, config, world_size)
-    return plan
+    # The file's plan rules the re-plans (its policy, its smallest batch): a min_batch it
+    # meets is kept by them too.
+    return replace(plan, min_batch=max(plan.min_batch, config.min_batch))
 
 
 def _check_plan(plan: BalancePlan, config: TrainConfig, world_size: int) -> None:

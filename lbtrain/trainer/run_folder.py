@@ -11,9 +11,11 @@ is still going, say) is refused instead of mixing two histories.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import shutil
+import warnings
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -155,13 +157,17 @@ def start_run_folder(out: Path, given: str, clear: bool, outputs: Iterable[str])
 
 def _refuse_in_use(out: Path, given: str) -> None:
     """Raise if another process holds `out`'s lock (a run is writing there now)."""
-    path = out / LOCK_FILE
-    if path.is_file():
-        release_run_folder(hold_run_folder(out, given))
+    if (out / LOCK_FILE).is_file():
+        with warnings.catch_warnings():  # no locks here: said once, when the run takes it
+            warnings.simplefilter("ignore")
+            release_run_folder(hold_run_folder(out, given))
 
 
 def hold_run_folder(out: Path, given: str) -> IO[str]:
     """Take `out`'s lock for this process; keep the returned file open while training.
+
+    A file system without locks (NFS without lockd, Lustre mounted noflock) gets a warning
+    and the run goes on unlocked, as it did before there was a lock.
 
     Raises:
         ValueError: another process holds it, naming its pid and the fix.
@@ -174,13 +180,27 @@ def hold_run_folder(out: Path, given: str) -> IO[str]:
         pid = handle.read().strip() or "unknown"
         handle.close()
         raise ValueError(
-            f"out {given!r} is in use: another lbtrain train (pid {pid}) is writing there now; "
-            "wait for it to end (or stop it), or choose another folder"
+            f"run folder {given!r} is in use: another lbtrain train (pid {pid}) is writing "
+            "there now; wait for it to end (or stop it), or write elsewhere with out=NEW_FOLDER"
         ) from None
+    except OSError as exc:
+        if exc.errno not in _NO_LOCKS:
+            handle.close()
+            raise
+        warnings.warn(
+            f"run folder {given!r} cannot be locked ({exc.strerror}): a second lbtrain train "
+            "into it would not be refused",
+            stacklevel=2,
+        )
+        return handle
     handle.truncate(0)
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return handle
+
+
+# What flock raises where the file system keeps no locks, rather than where one is held.
+_NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 
 
 def release_run_folder(handle: IO[str] | None) -> None:

@@ -11,7 +11,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -107,7 +107,11 @@ class Setup:
         """On rank 0: create the run folder, and write config.toml, plan.json, profiles."""
         out = self.out
         self.lock = start_run_folder(out, self.given, self.clear, self.workload.outputs)
-        save_toml(out / "config.toml", self.config)
+        plan, config = self.plan, self.config
+        # With a plan file, its policy and smallest batch are what apply: the recipe says so.
+        if config.plan:
+            config = replace(config, policy=plan.policy, min_batch=plan.min_batch)
+        save_toml(out / "config.toml", config)
         atomic_write_text(out / "plan.json", self.plan.to_json() + "\n")
         if self.profiles is not None:
             text = json.dumps(profiles_to_dict(self.profiles), indent=2) + "\n"

@@ -7,11 +7,12 @@ hyperspectral workload on its synthetic scene where its own files (split.npz, ma
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 import pytest
 
-from lbtrain import SingleProcessCommunicator
+from lbtrain import SingleProcessCommunicator, plan_batches
 from lbtrain.cli.main import main
 from lbtrain.trainer.config import load_toml
 from lbtrain.trainer.run_folder import hold_run_folder, release_run_folder
@@ -82,12 +83,43 @@ def test_a_folder_another_run_is_writing_is_refused_before_any_work(tmp_path, ca
     try:
         for extra in (["--resume", str(out), "--epochs", "2"], ["--out", str(out), "--overwrite"]):
             code, stdout, err = _run(capsys, *BASE, *extra)
-            _one_error(code, err, f"--out '{out}' is in use", f"(pid {os.getpid()})")
+            _one_error(code, err, f"run folder '{out}' is in use", f"(pid {os.getpid()})", "--out")
             assert not stdout and sorted(p.name for p in out.rglob("*")) == before
     finally:
         release_run_folder(lock)
     code, _, err = _run(capsys, *BASE, "--resume", str(out), "--epochs", "2")
     assert code == 0, err
+
+
+def test_a_plan_file_records_its_policy_and_keeps_a_min_batch_it_meets(tmp_path, capsys):
+    """Re-plans follow the plan's own policy and smallest batch: config.toml says so, and a
+    --min-batch the plan meets is carried into it, so that re-plans keep it too."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(plan_batches([1.0], 40, "proportional").to_json())
+    out = tmp_path / "run"
+    code, _, err = _run(capsys, *BASE, "--plan", str(plan), "--min-batch", "3", "--out", str(out))
+    assert code == 0, err
+    recipe = load_toml(out / "config.toml")
+    assert (recipe["policy"], recipe["min_batch"]) == ("proportional", 3)
+    assert json.loads((out / "plan.json").read_text())["min_batch"] == 3
+    code, _, err = _run(capsys, *BASE, "--plan", str(plan), "--policy", "equal",
+                        "--out", str(tmp_path / "other"))  # fmt: skip
+    _one_error(code, err, "made by the proportional policy", "not --policy 'equal'")
+
+
+def test_a_file_system_without_locks_warns_and_trains(tmp_path, capsys, monkeypatch):
+    """NFS without lockd or Lustre mounted noflock: flock fails with ENOLCK or ENOSYS. The
+    run goes on unlocked, as before there was a lock, and says so."""
+
+    def no_locks(*_):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr("lbtrain.trainer.run_folder.fcntl.flock", no_locks)
+    out = tmp_path / "run"
+    code, _, err = _run(capsys, *BASE, "--out", str(out))
+    assert code == 0, err
+    assert f"lbtrain: warning: run folder '{out}' cannot be locked" in err, err
+    assert (out / "summary.json").is_file()
 
 
 def test_an_overwriting_run_that_fails_leaves_none_of_the_old_run(tmp_path, capsys):

@@ -57,7 +57,7 @@ def test_an_exception_on_one_rank_aborts_every_rank_with_its_message():
     [
         ("rank", "loader was built for rank 0 on rank 1; pass rank=dist.get_rank()"),
         ("size", "loader's plan is for 3 ranks but the process group has 2 (on rank 0)"),
-        ("plan", "the ranks' loaders disagree on the plan (rank 1's batch sizes differ"),
+        ("plan", "the ranks' loaders disagree on the plan (rank 1's differs from rank 0's)"),
         ("length", "the ranks' loaders disagree on the dataset length (16 on rank 0, 32 on"),
     ],
 )
@@ -70,3 +70,11 @@ def test_the_ddp_hook_refuses_a_wrongly_built_loader_on_every_rank(case, refusal
     said = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
     expected = [f"rank {rank}: refused: {refusal}" for rank in range(2)]
     assert [line[: len(expected[0])] for line in said] == expected, output
+
+
+def test_the_ddp_hook_takes_a_seed_beyond_int64():
+    result = run_torchrun(SCRIPTS / "ddp_hook_misuse.py", 2, "big-seed", timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    said = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert said == ["rank 0: trained", "rank 1: trained"], output

@@ -94,6 +94,16 @@ def test_loaders_that_differ_between_ranks_are_one_error_on_every_rank(speeds, l
     assert all(f"the ranks' loaders disagree {said}" in str(e) for e in errors), errors
 
 
+def test_seeds_that_differ_without_shuffling_are_no_disagreement():
+    def work(comm):
+        loader = balanced_loader(
+            [1.0, 1.0], _toy(), global_batch_size=4, rank=comm.rank, shuffle=False, seed=comm.rank
+        )
+        BalancedDataParallel(nn.Linear(4, 2), comm, loader)
+
+    assert _run_all(2, work) == [None, None]
+
+
 def _bn_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))

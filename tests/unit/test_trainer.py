@@ -137,6 +137,44 @@ def test_a_checkpoint_with_flipped_bytes_or_of_another_kind_is_refused(tmp_path)
         load_checkpoint(foreign)
 
 
+def test_a_damaged_checkpoint_is_one_value_error_wherever_the_damage_lies(tmp_path):
+    path = save_checkpoint(tmp_path / "checkpoints", _state(1), keep=1)
+    data = path.read_bytes()
+    damaged = tmp_path / "checkpoints" / "step-000000002.pt"
+    for at in range(0, len(data), 5):
+        flipped = bytearray(data)
+        flipped[at] ^= 0xFF
+        damaged.write_bytes(bytes(flipped))
+        try:
+            state = load_checkpoint(damaged)
+        except ValueError as exc:
+            assert str(damaged) in str(exc) and "\n" not in str(exc), (at, exc)
+        else:  # a byte no check covers (padding, a header field): the weights must be intact
+            assert torch.equal(state["model"]["w"], torch.zeros(2)), at
+
+
+def test_checkpoints_carry_crcs_even_when_torch_is_told_not_to_write_them(tmp_path):
+    from torch.utils.serialization import config
+
+    state, weights = _state(1), torch.arange(1000.0, 1016.0)
+    state["model"] = {"w": weights}
+    before, config.save.compute_crc32 = config.save.compute_crc32, False
+    try:
+        path = save_checkpoint(tmp_path, state, keep=1)
+        foreign = tmp_path / "step-000000002.pt"
+        torch.save(_state(2), foreign)  # no CRCs at all: read as torch would read it
+    finally:
+        config.save.compute_crc32 = before
+    assert load_checkpoint(path)["global_step"] == 1
+    assert load_checkpoint(foreign)["global_step"] == 2
+    data = bytearray(path.read_bytes())
+    at = bytes(data).index(weights.numpy().tobytes())
+    data[at] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="fails its CRC-32 check"):
+        load_checkpoint(path)
+
+
 def test_outputs_get_the_usual_permissions_not_mkstemps_private_ones(tmp_path):
     path = atomic_write_text(tmp_path / "summary.json", "{}")
     mask = os.umask(0)

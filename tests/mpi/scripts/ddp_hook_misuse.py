@@ -1,7 +1,8 @@
 """A loader the DDP hook must refuse on every rank, under torchrun with 2 ranks.
 
 `rank`: both ranks build their loader for rank 0. `size`: both plan for 3 ranks. `plan`: each
-rank plans from its own speeds. `length`: rank 1's dataset is longer. Each rank
+rank plans from its own speeds. `length`: rank 1's dataset is longer. `big-seed`: no misuse,
+a seed beyond int64 on both ranks, which the check must take. Each rank
 catches the refusal and prints it, so the test sees that a rank whose own loader is right
 refused too, instead of waiting in the bucket's allreduce for a rank that left (torchrun's
 agent would end it, but other launchers do not).
@@ -32,9 +33,11 @@ def main() -> None:
     elif case == "plan":
         speeds = [1.0, 3.0] if rank == 0 else [3.0, 1.0]
         loader = balanced_loader(speeds, data, global_batch_size=8, rank=rank)
-    else:
+    elif case == "length":
         data = TensorDataset(*(t.repeat(1 + rank, *[1] * (t.dim() - 1)) for t in data.tensors))
         loader = balanced_loader([1.0, 1.0], data, global_batch_size=8, rank=rank)
+    else:
+        loader = balanced_loader([1.0, 1.0], data, global_batch_size=8, rank=rank, seed=2**63 + 1)
     model = DistributedDataParallel(nn.Linear(4, 2))
     model.register_comm_hook(WeightedHookState(loader), weighted_allreduce_hook)
     x, y = next(iter(loader))
