@@ -115,14 +115,18 @@ def parse_choice(name: str, choices: Iterable[str]) -> Callable:
 
 
 def parse_path(name: str) -> Callable:
-    """A converter to a path string, or None when unset."""
+    """A converter to an absolute path string, or None when unset.
+
+    Absolute, since the run records it (config.toml, the checkpoint): a resume or a --config
+    from another working directory must find the same folder, not one of the same name.
+    """
 
     def convert(value: Any) -> str | None:
         if is_none(value):
             return None
         if not isinstance(value, str | os.PathLike):
             raise ValueError(f"{flag(name)} {value!r} is not a path; give a file or folder name")
-        return os.fspath(value)
+        return os.path.abspath(os.path.expanduser(os.fspath(value)))
 
     convert.__name__ = name
     return convert

@@ -29,6 +29,8 @@ __all__ = [
     "node_cores",
     "node_layout",
     "node_layout_from_hosts",
+    "node_threads",
+    "rank_threads",
     "parse_devices",
     "resolve_device",
     "synchronize",
@@ -117,6 +119,40 @@ def default_threads(cores: int, ranks_on_node: int) -> int:
     return max(1, cores // max(1, ranks_on_node))
 
 
+def rank_threads(comm: Communicator, layout: NodeLayout, cores: int | None = None) -> int:
+    """This rank's default threads: OMP_NUM_THREADS where set (a user or a site who sets it
+    means it), else `node_threads` (or `cores` over the node's ranks, when given). Collective
+    on every rank alike, whatever each one's environment holds."""
+    shared = node_threads(comm, layout) if cores is None else None
+    return _omp_threads() or shared or default_threads(cores or 1, layout.local_size)
+
+
+def node_threads(comm: Communicator, layout: NodeLayout) -> int:
+    """This rank's default threads: its cores over the ranks of its node that share them.
+
+    Collective (one allgather). A launcher that binds each rank to its own cores (`srun -c 8`,
+    `mpiexec -bind-to core`) leaves every rank all of its cores; ranks that share one set
+    (no binding) divide it, as `default_threads` does.
+    """
+    mine = _cpu_set()
+    sets = comm.allgather((layout.host, sorted(mine)))
+    sharing = sum(1 for host, cpus in sets if host == layout.host and mine.intersection(cpus))
+    return default_threads(len(mine), sharing)
+
+
+def _omp_threads() -> int | None:
+    """OMP_NUM_THREADS when it is a whole number >= 1: a user (or a site) who set it means it."""
+    text = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(text) if text.isdigit() and int(text) >= 1 else None
+
+
+def _cpu_set() -> frozenset[int]:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset(range(os.cpu_count() or 1))
+
+
 def parse_devices(text: str, world_size: int) -> list[str]:
     """Parse `--devices` into one entry per rank: "auto", "cpu", "cuda" or "cuda:K".
 
@@ -192,7 +228,8 @@ def assign_devices(
     Args:
         comm: the job's communicator.
         devices: "auto", one entry for all ranks, or one comma-separated entry per rank.
-        threads: CPU threads per rank; default node cores / ranks on the node.
+        threads: CPU threads per rank; default OMP_NUM_THREADS where it is set, else the
+            rank's cores over the ranks of its node that share them (`node_threads`).
         cuda_count: CUDA devices visible here; default torch.cuda.device_count().
         cores: cores of the node; default this process's CPU affinity.
 
@@ -200,6 +237,8 @@ def assign_devices(
         The DeviceAssignment; call `.apply()` to set torch's threads and current device.
     """
     layout = node_layout(comm)
+    # Collective: before anything that may raise on one rank alone (a device it lacks).
+    default = rank_threads(comm, layout, cores)
     entries = parse_devices(devices, comm.size)
     if cuda_count is None:
         cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -210,7 +249,7 @@ def assign_devices(
     gpu_layout = layout if local is None else replace(layout, local_rank=local)
     device = resolve_device(entries[comm.rank], gpu_layout, cuda_count)
     if threads is None:
-        threads = default_threads(node_cores() if cores is None else cores, layout.local_size)
+        threads = default
     elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"--threads {threads!r} is invalid; give a whole number >= 1")
     return DeviceAssignment(

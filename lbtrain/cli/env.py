@@ -14,7 +14,7 @@ import torch
 import lbtrain
 from lbtrain.cli.common import show_defaults
 from lbtrain.comm import Communicator, detect_launcher, mpi_library_info
-from lbtrain.devices import default_threads, node_cores, node_layout
+from lbtrain.devices import node_cores, node_layout, rank_threads
 
 __all__ = ["add_parser", "collect", "run"]
 
@@ -70,7 +70,7 @@ def _rank_facts(comm: Communicator) -> dict[str, object]:
         "local_rank": layout.local_rank,
         "local_size": layout.local_size,
         "cores": node_cores(),
-        "default_threads": default_threads(node_cores(), layout.local_size),
+        "default_threads": rank_threads(comm, layout),
         "torch_threads": torch.get_num_threads(),
         "cuda_devices": [
             f"cuda:{i} {torch.cuda.get_device_name(i)} "

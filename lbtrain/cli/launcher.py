@@ -32,10 +32,19 @@ def launcher_rank() -> int:
         if detect_launcher() == TORCHRUN:
             return int(os.environ["RANK"])
     except LauncherError:
-        pass
+        if _outside_torch_world():
+            return 0  # RANK=2 of 2: no rank 0 would say it
     ranks = [
         int(value)
         for value in (os.environ.get(name, "").strip() for name in _LAUNCHER_RANK_VARIABLES)
         if value.isdigit()
     ]
     return max(ranks, default=0)
+
+
+def _outside_torch_world() -> bool:
+    try:
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return False
+    return not 0 <= rank < size

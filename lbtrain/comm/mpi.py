@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lbtrain.comm.base import Request
+from lbtrain.comm.launchers import LauncherError, mpi_world_size
 
 if TYPE_CHECKING:
     import torch
@@ -260,9 +261,24 @@ def start_mpi() -> None:
 
 
 def mpi_world() -> Communicator | None:
-    """MPI_COMM_WORLD as a communicator, None for a job of one rank."""
+    """MPI_COMM_WORLD as a communicator, None for a job of one rank.
+
+    Raises:
+        LauncherError: the launcher announced more ranks than MPI sees, so that each process
+            would train alone (mpi4py built against another MPI than the launcher's).
+    """
     MPI = _import_mpi()
     if MPI.COMM_WORLD.Get_size() == 1:
+        announced = mpi_world_size()
+        if announced is not None and announced > 1:
+            library = MPI.Get_library_version().strip().splitlines()[0]
+            raise LauncherError(
+                f"the launcher started {announced} ranks, but MPI sees this process alone: "
+                f"mpi4py runs on another MPI ({library}) than the launcher's, and each rank "
+                "would train by itself; launch with the mpiexec of mpi4py's MPI (with the "
+                "mpich wheel, the one in this environment's bin/), or rebuild mpi4py against "
+                "the launcher's MPI"
+            )
         return None
     return MPICommunicator(MPI.COMM_WORLD)
 

@@ -86,6 +86,7 @@ class TraceCallback(Callback):
 def _write_trace(path: Path, spans: list[Any], labels: list[str]) -> Path:
     from lbtrain.viz.trace import write_trace
 
+    path.parent.mkdir(parents=True, exist_ok=True)  # --trace sub/trace.json: made as needed
     return write_trace(path, spans, labels)
 
 

@@ -74,6 +74,7 @@ def make_plan(
     if config.profiles:
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
         agree(comm, lambda: check_profiled(profiles, workload, config.profiles))
+        agree(comm, lambda: check_profiled_ranks(profiles, devices, config.profiles))
     else:
         started = time.perf_counter()
         profiles = _profile(comm, config, replica, workload, make_optimizer)
@@ -326,6 +327,27 @@ def check_profiled(profiles: list[ReplicaProfile], workload: Workload, path: str
                 f"{_shape(p.sample_shape)}, but this run trains {model} with samples "
                 f"{_shape(shape)}; leave the profiles file out to profile it now, or pass one from "
                 "`lbtrain profile` given this run's workload options"
+            )
+
+
+def check_profiled_ranks(
+    profiles: list[ReplicaProfile], devices: list[dict[str, Any]], path: str
+) -> None:
+    """Refuse profiles whose rank ran on another kind of device or at another emulated
+    slowdown than this job's: the plan would be made for other ranks (a rank profiled 4x slow
+    may get no samples, and then nothing re-measures it)."""
+    for rank, (profile, device) in enumerate(zip(profiles, devices, strict=False)):
+        kind = str(device["device"]).split(":")[0]
+        if profile.device_kind != kind:
+            raise ValueError(
+                f"profiles {path!r}: rank {rank} was profiled on {profile.device}, but runs on "
+                f"{device['device']} in this job; profile again on this job's devices"
+            )
+        if abs(profile.slowdown - float(device["slowdown"])) > 1e-9:
+            raise ValueError(
+                f"profiles {path!r}: rank {rank} was profiled at an emulated slowdown of "
+                f"{profile.slowdown:g}, but emulates {float(device['slowdown']):g} in this job; "
+                "profile again with this job's emulate_slowdown, or emulate the file's"
             )
 
 

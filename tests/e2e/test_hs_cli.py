@@ -253,7 +253,7 @@ def test_bad_values_give_one_line_and_status_2(args, message, tmp_path, capsys):
     assert message in _error_line(err), err
 
 
-def test_warnings_are_one_line_and_a_saved_split_is_reused(tmp_path, capsys):
+def test_warnings_are_one_line_and_a_saved_split_is_reused(tmp_path, capsys, monkeypatch):
     first, second = tmp_path / "a", tmp_path / "b"
     common = ["train", "--scene", "synthetic", "--model", "hu", "--epochs", "2", "--no-map"]
     common += ["--threads", "1", "--time-budget", "1", "--quiet"]
@@ -279,7 +279,10 @@ def test_warnings_are_one_line_and_a_saved_split_is_reused(tmp_path, capsys):
     assert all(line.startswith("lbtrain: warning: class ") for line in err.splitlines()), err
     # A different seed and split kind, but the split file wins: the same pixels are used.
     # (--plan: the first run's batch plan, so this run skips profiling.)
-    again = ["--split-file", str(first / "split.npz"), "--plan", str(first / "plan.json")]
+    # The split file named relative to the working directory: the run records where it is,
+    # so a resume or --config from elsewhere reads the same file.
+    monkeypatch.chdir(tmp_path)
+    again = ["--split-file", "a/split.npz", "--plan", str(first / "plan.json")]
     assert main([*common, *again, "--seed", "9", "--out", str(second)]) == 0
     with np.load(first / "split.npz") as a, np.load(second / "split.npz") as b:
         np.testing.assert_array_equal(a["train"], b["train"])

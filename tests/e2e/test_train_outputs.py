@@ -107,6 +107,13 @@ def test_a_plan_file_records_its_policy_and_keeps_a_min_batch_it_meets(tmp_path,
     _one_error(code, err, "made by the proportional policy", "not --policy 'equal'")
 
 
+def test_a_trace_in_a_subfolder_of_the_run_is_written_there(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, _, err = _run(capsys, *BASE, "--trace", "traces/step.json", "--out", str(out))
+    assert code == 0, err
+    assert json.loads((out / "traces" / "step.json").read_text())["traceEvents"]
+
+
 def test_a_file_system_without_locks_warns_and_trains(tmp_path, capsys, monkeypatch):
     """NFS without lockd or Lustre mounted noflock: flock fails with ENOLCK or ENOSYS. The
     run goes on unlocked, as before there was a lock, and says so."""

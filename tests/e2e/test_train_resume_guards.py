@@ -110,6 +110,24 @@ def test_profiles_of_another_workload_are_refused(two_epochs, tmp_path, capsys):
     assert not (tmp_path / "p").exists()
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "needles"),
+    [
+        ("slowdown", 4.0, ["rank 0 was profiled at an emulated slowdown of 4", "emulates 1"]),
+        ("device_kind", "cuda", ["rank 0 was profiled on", "but runs on cpu"]),
+    ],
+)
+def test_profiles_of_other_ranks_are_refused(two_epochs, tmp_path, capsys, field, value, needles):
+    """A rank profiled 4x slow would be planned as one, perhaps to no samples at all, and a
+    rank without samples is never measured again."""
+    profiles = json.loads((two_epochs / "profiles.json").read_text())
+    profiles["profiles"][0][field] = value
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(profiles))
+    code, _, err = _train(capsys, "--profiles", str(path), "--out", str(tmp_path / "p"))
+    _one_error(code, err, f"--profiles '{path}'", *needles)
+
+
 def test_a_global_batch_above_the_training_set_is_refused_before_profiling(
     tmp_path, capsys, monkeypatch
 ):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lbtrain import MPICommunicator, SingleProcessCommunicator
+from lbtrain import MPICommunicator, SingleProcessCommunicator, devices
 from lbtrain.devices import (
     NodeLayout,
     assign_devices,
@@ -82,6 +82,40 @@ def test_cuda_asked_but_absent():
     for entry in ("cuda", "cuda:0"):
         with pytest.raises(ValueError, match=r"CUDA is not available"):
             resolve_device(entry, layout, cuda_count=0)
+
+
+class _Gathered:
+    """A communicator whose allgather returns this rank's value beside given others'."""
+
+    def __init__(self, others: list) -> None:
+        self.others = others
+
+    def allgather(self, value):
+        return [value, *self.others]
+
+
+@pytest.mark.parametrize(
+    ("mine", "others", "threads"),
+    [
+        ({0, 1, 2, 3}, [("n1", [4, 5, 6, 7])], 4),  # bound to its own cores: all of them
+        ({0, 1, 2, 3}, [("n1", [0, 1, 2, 3])], 2),  # one set for both ranks: halved
+        ({0, 1, 2, 3}, [("n2", [0, 1, 2, 3])], 4),  # the same cores, but on another node
+        ({0}, [("n1", [0]), ("n1", [0])], 1),  # oversubscribed: still one thread
+    ],
+)
+def test_default_threads_divide_only_among_ranks_sharing_cores(monkeypatch, mine, others,
+                                                                threads):  # fmt: skip
+    monkeypatch.setattr(devices, "_cpu_set", lambda: frozenset(mine))
+    layout = NodeLayout("n1", 0, 1 + sum(host == "n1" for host, _ in others))
+    assert devices.node_threads(_Gathered(others), layout) == threads
+
+
+def test_omp_num_threads_is_the_default_where_it_is_set(monkeypatch):
+    layout = NodeLayout("n1", 0, 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert devices.rank_threads(_Gathered([]), layout, cores=16) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "none")  # not a count: the cores decide
+    assert devices.rank_threads(_Gathered([]), layout, cores=16) == 8
 
 
 def test_default_threads_divides_cores_among_ranks_on_the_node():

@@ -152,6 +152,26 @@ def test_a_bad_launch_is_one_line_printed_by_rank_0_only(launched, capsys):
     launched({"RANK": "1", "WORLD_SIZE": "2"})
     assert main(["env"]) == 2
     assert capsys.readouterr().err == ""
+    # A rank outside the world: no rank 0 would say it, so this one does.
+    launched(torchrun_env(rank=2, size=2))
+    assert main(["env"]) == 2
+    assert "RANK=2 with WORLD_SIZE=2" in capsys.readouterr().err
+
+
+def test_a_launcher_announcing_more_ranks_than_mpi_sees_is_refused(launched):
+    """mpi4py built against another MPI than the launcher's: every process would be a
+    world of one, train alone and exit 0."""
+    import subprocess
+    import sys
+
+    launched({"PMI_SIZE": "2", "PMI_RANK": "0"})
+    code = "from lbtrain.comm.mpi import mpi_world\nmpi_world()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert "LauncherError: the launcher started 2 ranks, but MPI sees this process alone" in (
+        result.stderr
+    ), result.stderr
 
 
 @pytest.mark.parametrize(
