@@ -118,7 +118,9 @@ def parse_path(name: str) -> Callable:
     """A converter to an absolute path string, or None when unset.
 
     Absolute, since the run records it (config.toml, the checkpoint): a resume or a --config
-    from another working directory must find the same folder, not one of the same name.
+    from another working directory then finds the same folder, not one of the same name.
+    (Runs recorded before, and hand-written config files, keep paths relative to the
+    working directory of the command that reads them.)
     """
 
     def convert(value: Any) -> str | None:

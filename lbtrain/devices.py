@@ -120,11 +120,12 @@ def default_threads(cores: int, ranks_on_node: int) -> int:
 
 
 def rank_threads(comm: Communicator, layout: NodeLayout, cores: int | None = None) -> int:
-    """This rank's default threads: OMP_NUM_THREADS where set (a user or a site who sets it
-    means it), else `node_threads` (or `cores` over the node's ranks, when given). Collective
-    on every rank alike, whatever each one's environment holds."""
-    shared = node_threads(comm, layout) if cores is None else None
-    return _omp_threads() or shared or default_threads(cores or 1, layout.local_size)
+    """This rank's default threads: `node_threads`, or `cores` over the node's ranks when
+    given. OMP_NUM_THREADS is not read: torchrun sets it to 1 for every job of more than one
+    rank per node, and a site may set it to the node's cores; `--threads` says it plainly."""
+    if cores is not None:
+        return default_threads(cores, layout.local_size)
+    return node_threads(comm, layout)
 
 
 def node_threads(comm: Communicator, layout: NodeLayout) -> int:
@@ -138,12 +139,6 @@ def node_threads(comm: Communicator, layout: NodeLayout) -> int:
     sets = comm.allgather((layout.host, sorted(mine)))
     sharing = sum(1 for host, cpus in sets if host == layout.host and mine.intersection(cpus))
     return default_threads(len(mine), sharing)
-
-
-def _omp_threads() -> int | None:
-    """OMP_NUM_THREADS when it is a whole number >= 1: a user (or a site) who set it means it."""
-    text = os.environ.get("OMP_NUM_THREADS", "").strip()
-    return int(text) if text.isdigit() and int(text) >= 1 else None
 
 
 def _cpu_set() -> frozenset[int]:
@@ -228,8 +223,8 @@ def assign_devices(
     Args:
         comm: the job's communicator.
         devices: "auto", one entry for all ranks, or one comma-separated entry per rank.
-        threads: CPU threads per rank; default OMP_NUM_THREADS where it is set, else the
-            rank's cores over the ranks of its node that share them (`node_threads`).
+        threads: CPU threads per rank; default the rank's cores over the ranks of its node
+            that share them (`node_threads`).
         cuda_count: CUDA devices visible here; default torch.cuda.device_count().
         cores: cores of the node; default this process's CPU affinity.
 

@@ -139,7 +139,8 @@ def setup_replica(
     Args:
         comm: the job's communicator.
         devices: "auto", one entry for all ranks, or one per rank ("cpu,cuda:0").
-        threads: CPU threads per rank; default the node's cores over its ranks.
+        threads: CPU threads per rank; default the rank's cores over the node's ranks
+            sharing them.
         slowdown: emulated slowdown factors, "1,2,4" or a sequence, or None.
     """
     factors = slowdown if slowdown is None or isinstance(slowdown, str) else list(slowdown)

@@ -279,8 +279,8 @@ def add_profiling_arguments(
         "--threads",
         type=positive_int,
         default=None,
-        help="torch CPU threads per rank (default: OMP_NUM_THREADS where set, else the "
-        "rank's cores divided by the ranks of its node that share them, at least 1)",
+        help="torch CPU threads per rank (default: the rank's cores divided by the ranks of "
+        "its node that share them, at least 1; OMP_NUM_THREADS is not read)",
     )
     group.add_argument(
         "--emulate-slowdown",

@@ -32,11 +32,12 @@ def launcher_rank() -> int:
         if detect_launcher() == TORCHRUN:
             return int(os.environ["RANK"])
     except LauncherError:
-        if _outside_torch_world():
-            return 0  # RANK=2 of 2: no rank 0 would say it
+        pass
+    # RANK=2 of 2 has no rank 0 to speak for it: the MPI launcher's rank decides, if any.
+    names = _LAUNCHER_RANK_VARIABLES[:-1] if _outside_torch_world() else _LAUNCHER_RANK_VARIABLES
     ranks = [
         int(value)
-        for value in (os.environ.get(name, "").strip() for name in _LAUNCHER_RANK_VARIABLES)
+        for value in (os.environ.get(name, "").strip() for name in names)
         if value.isdigit()
     ]
     return max(ranks, default=0)

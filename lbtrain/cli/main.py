@@ -21,6 +21,7 @@ from lbtrain.cli.common import USER_ERRORS, CLIError, CollectiveError
 from lbtrain.cli.launcher import launcher_rank
 from lbtrain.comm import Communicator, launched_by_torchrun, world_communicator
 from lbtrain.comm.base import RankLost
+from lbtrain.comm.launchers import LoneRankError
 from lbtrain.trainer.engine import TrainingDiverged
 from lbtrain.trainer.signals import Interrupted
 from lbtrain.workloads import get_plugin
@@ -212,7 +213,8 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
         try:
             comm = world_communicator(getattr(args, "backend", "auto"))
         except (RuntimeError, ValueError) as exc:
-            if launcher_rank() == 0:  # every rank finds the same: one says it
+            # Every rank finds the same: one says it (a lone rank has no other to speak).
+            if launcher_rank() == 0 or isinstance(exc, LoneRankError):
                 _error(exc)
             return 2
     try:

@@ -155,8 +155,8 @@ def add_parser(
     _add(plan, "devices", "device per rank: auto (cuda:<local rank> where the node has a GPU "
          "for the rank, else cpu), one entry for all, or one per rank: cpu,cuda:0")  # fmt: skip
     add_backend_argument(plan, default=argparse.SUPPRESS)
-    _add(plan, "threads", "torch CPU threads per rank (default: OMP_NUM_THREADS where set, "
-         "else the rank's cores divided by the ranks of its node that share them)",
+    _add(plan, "threads", "torch CPU threads per rank (default: the rank's cores divided by "
+         "the ranks of its node that share them; OMP_NUM_THREADS is not read)",
          type=positive_int)  # fmt: skip
     _add(plan, "emulate_slowdown", "testing aid: rank i sleeps (F_i - 1) x each step's compute, "
          "like a device F_i times slower; one factor >= 1 per rank (default: none)",

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 __all__ = [
     "BACKENDS",
     "LauncherError",
+    "LoneRankError",
+    "announced_by",
     "check_backend",
     "detect_launcher",
     "launched_by_mpi",
@@ -49,6 +51,11 @@ class LauncherError(RuntimeError):
     """The environment names no launcher consistently (one line, with the fix)."""
 
 
+class LoneRankError(LauncherError):
+    """MPI sees one process where the launcher announced more: every process is told, since
+    each is a world of its own and no rank 0 speaks for the others."""
+
+
 def check_backend(backend: str) -> str:
     """`backend` if it is one of BACKENDS, else ValueError naming them."""
     if backend not in BACKENDS:
@@ -79,12 +86,18 @@ def launched_by_torchrun(environ: Mapping[str, str] | None = None) -> bool:
 
 def mpi_world_size(environ: Mapping[str, str] | None = None) -> int | None:
     """The MPI world's size as the launcher announced it, None when it did not."""
+    said = announced_by(environ)
+    return int(said.partition("=")[2]) if said else None
+
+
+def announced_by(environ: Mapping[str, str] | None = None) -> str:
+    """The variable that announced the MPI world's size, as NAME=VALUE ('' if none)."""
     env = _env(environ)
     for name in _MPI_SIZE_VARIABLES:
         value = env.get(name, "").strip()
         if value.isdigit():
-            return int(value)
-    return None
+            return f"{name}={value}"
+    return ""
 
 
 def _whole(env: Mapping[str, str], name: str) -> int:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lbtrain.comm.base import Request
-from lbtrain.comm.launchers import LauncherError, mpi_world_size
+from lbtrain.comm.launchers import LoneRankError, announced_by, mpi_world_size
 
 if TYPE_CHECKING:
     import torch
@@ -264,7 +264,7 @@ def mpi_world() -> Communicator | None:
     """MPI_COMM_WORLD as a communicator, None for a job of one rank.
 
     Raises:
-        LauncherError: the launcher announced more ranks than MPI sees, so that each process
+        LoneRankError: the launcher announced more ranks than MPI sees, so that each process
             would train alone (mpi4py built against another MPI than the launcher's).
     """
     MPI = _import_mpi()
@@ -272,12 +272,12 @@ def mpi_world() -> Communicator | None:
         announced = mpi_world_size()
         if announced is not None and announced > 1:
             library = MPI.Get_library_version().strip().splitlines()[0]
-            raise LauncherError(
-                f"the launcher started {announced} ranks, but MPI sees this process alone: "
-                f"mpi4py runs on another MPI ({library}) than the launcher's, and each rank "
-                "would train by itself; launch with the mpiexec of mpi4py's MPI (with the "
-                "mpich wheel, the one in this environment's bin/), or rebuild mpi4py against "
-                "the launcher's MPI"
+            raise LoneRankError(
+                f"{announced_by()}: the launcher started {announced} ranks, but MPI sees this "
+                f"process alone: mpi4py runs on another MPI ({library}) than the launcher's, "
+                "and each rank would train by itself; launch with the mpiexec of mpi4py's MPI "
+                "(with the mpich wheel, the one in this environment's bin/), or rebuild mpi4py "
+                "against the launcher's MPI; for a run of one process, unset that variable"
             )
         return None
     return MPICommunicator(MPI.COMM_WORLD)

@@ -63,7 +63,8 @@ class TrainConfig:
         lr_gamma: the step schedule's factor.
         seed: seed of the data split, the model's initialisation and the shuffling.
         devices: "auto", one device for all ranks, or one per rank.
-        threads: CPU threads per rank (None: the node's cores over its ranks).
+        threads: CPU threads per rank (None: the rank's cores over the node's ranks sharing
+            them).
         emulate_slowdown: testing aid, one factor per rank ("1,2,4") or None.
         emulate_change: testing aid, slowdowns that change mid-run: "EPOCH:F0,F1,..."
             entries separated by ";" (from that epoch, counted from 1), or None.

@@ -347,7 +347,8 @@ def check_profiled_ranks(
             raise ValueError(
                 f"profiles {path!r}: rank {rank} was profiled at an emulated slowdown of "
                 f"{profile.slowdown:g}, but emulates {float(device['slowdown']):g} in this job; "
-                "profile again with this job's emulate_slowdown, or emulate the file's"
+                "profile again with this job's emulate_slowdown, or emulate the file's: "
+                f"emulate_slowdown={','.join(f'{p.slowdown:g}' for p in profiles)!r}"
             )
 
 

@@ -142,6 +142,9 @@ def test_launcher_rank_prints_once_under_torchrun_and_mixed_launches(launched):
     assert launcher_rank() == 0
     launched({"PMI_RANK": "0"})
     assert launcher_rank() == 0
+    # A stale RANK beyond WORLD_SIZE under mpiexec: the MPI rank decides, so one rank says it.
+    launched({"PMI_SIZE": "2", "PMI_RANK": "1", "RANK": "2", "WORLD_SIZE": "2"})
+    assert launcher_rank() == 1
 
 
 def test_a_bad_launch_is_one_line_printed_by_rank_0_only(launched, capsys):
@@ -164,14 +167,15 @@ def test_a_launcher_announcing_more_ranks_than_mpi_sees_is_refused(launched):
     import subprocess
     import sys
 
-    launched({"PMI_SIZE": "2", "PMI_RANK": "0"})
-    code = "from lbtrain.comm.mpi import mpi_world\nmpi_world()"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=120, check=False)  # fmt: skip
-    assert result.returncode != 0
-    assert "LauncherError: the launcher started 2 ranks, but MPI sees this process alone" in (
+    # Rank 1 says it too: each process is a world of its own, with no rank 0 to speak.
+    launched({"PMI_SIZE": "2", "PMI_RANK": "1"})
+    result = subprocess.run([sys.executable, "-m", "lbtrain", "env"], capture_output=True,
+                            text=True, timeout=120, check=False)  # fmt: skip
+    assert result.returncode == 2
+    assert "lbtrain: error: PMI_SIZE=2: the launcher started 2 ranks, but MPI sees this" in (
         result.stderr
     ), result.stderr
+    assert "for a run of one process, unset that variable" in result.stderr
 
 
 @pytest.mark.parametrize(
