@@ -24,6 +24,7 @@ from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.engine import Callback, Engine, StepTimer
 from lbtrain.trainer.outputs_stream import draw_curves, end_record, open_metrics
 from lbtrain.trainer.resume import resumed_from
+from lbtrain.trainer.run_folder import discard_reserved
 from lbtrain.trainer.setup import Setup, build_engine, set_up
 from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.summary import build_summary, format_summary, rank_totals
@@ -66,8 +67,12 @@ def train(
     _import_what_torch_imports_late()
     stop = StopSignal()
     with stop.installed():
-        setup = set_up(config, comm)
-        engine = build_engine(setup, stop, callbacks, timer)
+        try:
+            setup = set_up(config, comm)
+            engine = build_engine(setup, stop, callbacks, timer)
+        except BaseException:
+            discard_reserved()  # the default folder, made early, if no run started in it
+            raise
         with open_metrics(setup, engine) as stream:
             state = engine.fit()
             if state.stop_code:

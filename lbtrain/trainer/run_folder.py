@@ -11,6 +11,7 @@ is still going, say) is refused instead of mixing two histories.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -28,6 +29,7 @@ from lbtrain.trainer.config import TrainConfig
 
 __all__ = [
     "RUN_FILES",
+    "discard_reserved",
     "hold_run_folder",
     "prepare_out",
     "release_run_folder",
@@ -52,8 +54,9 @@ def prepare_out(config: TrainConfig, checkpoint: dict[str, Any] | None) -> tuple
     """Decide and check the output folder on rank 0, before any expensive work.
 
     Returns:
-        The folder, as a string (it is created later, by :func:`start_run_folder`), and
-        whether an earlier run there is to be cleared (``overwrite``, and not resuming it).
+        The folder, as a string (it is created later, by :func:`start_run_folder`; the
+        default runs/<date-time> is made now, see :func:`_reserve`), and whether an earlier
+        run there is to be cleared (``overwrite``, and not resuming it).
 
     Raises:
         ValueError: naming ``out`` (or ``resume``), the path and the fix.
@@ -68,16 +71,42 @@ def prepare_out(config: TrainConfig, checkpoint: dict[str, Any] | None) -> tuple
     elif resumed_run is not None:
         out = resumed_run
     else:
-        out = Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-        suffix = 1
-        while out.exists():  # two runs started within the same second
-            out = out.with_name(f"{out.name.split('.')[0]}.{suffix}")
-            suffix += 1
+        with writing("out", "runs"):
+            return str(_reserve(Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))), False
     if "\0" in str(out):
         raise ValueError(f"out {str(out)!r} is not a valid path (a NUL byte); name a folder")
     with writing("out", str(out)):  # a name too long, a loop of links: one line
         clear = _check_out(out, config, checkpoint, resumed_run)
     return str(out), clear
+
+
+# The default folder this process made in prepare_out and has not started a run in yet.
+_reserved: list[Path] = []
+
+
+def _reserve(out: Path) -> Path:
+    """Make the default folder now, under the first free name: two runs started in the same
+    second (a Slurm array) must not pick one name, which only making it can settle."""
+    made = [] if out.parent.is_dir() else [out.parent]  # runs/ too, if this made it
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stem, suffix = out.name, 1
+    while True:
+        try:
+            out.mkdir()
+        except FileExistsError:
+            out, suffix = out.with_name(f"{stem}.{suffix}"), suffix + 1
+            continue
+        _reserved[:] = [out, *made]
+        return out
+
+
+def discard_reserved() -> None:
+    """Remove the default folder `prepare_out` made if no run started in it (a run refused
+    while it starts leaves no empty folder)."""
+    for folder in _reserved:  # the run's folder, then runs/ if this process made it
+        with contextlib.suppress(OSError):  # not empty, or gone: leave it
+            folder.rmdir()
+    _reserved.clear()
 
 
 def _check_out(
@@ -143,6 +172,7 @@ def start_run_folder(out: Path, given: str, clear: bool, outputs: Iterable[str])
     """
     with writing("out", given):
         out.mkdir(parents=True, exist_ok=True)
+        _reserved.clear()  # a run starts in it: no longer to discard
         lock = hold_run_folder(out, given)
         if not clear:
             return lock

@@ -114,6 +114,43 @@ def test_a_trace_in_a_subfolder_of_the_run_is_written_there(tmp_path, capsys):
     assert json.loads((out / "traces" / "step.json").read_text())["traceEvents"]
 
 
+def test_runs_started_in_the_same_second_get_folders_of_their_own(tmp_path, monkeypatch):
+    """A Slurm array starts its tasks in one second, in one folder: each default folder is
+    made as it is named, so the second run takes the next name."""
+    from datetime import datetime
+
+    from lbtrain.trainer.config import TrainConfig
+    from lbtrain.trainer.run_folder import discard_reserved, prepare_out
+
+    class Frozen(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return datetime(2026, 11, 26, 14, 0, 0)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("lbtrain.trainer.run_folder.datetime", Frozen)
+    first, _ = prepare_out(TrainConfig(), None)
+    second, _ = prepare_out(TrainConfig(), None)
+    assert (first, second) == ("runs/20261126-140000", "runs/20261126-140000.1")
+    assert (tmp_path / first).is_dir() and (tmp_path / second).is_dir()
+    discard_reserved()  # the second, as a run refused while it starts would
+    assert not (tmp_path / second).exists() and (tmp_path / first).is_dir()
+
+
+def test_a_run_refused_after_naming_its_default_folder_leaves_none(tmp_path, capsys, monkeypatch):
+    profiles = tmp_path / "p.json"
+    monkeypatch.chdir(tmp_path)
+    made = ["profile", "--workload", "tests.fixtures.faulty:plugin", "--threads", "1"]
+    code, _, err = _run(capsys, *made, "--time-budget", "0.5", "--output", str(profiles))
+    assert code == 0, err
+    data = json.loads(profiles.read_text())
+    data["profiles"][0]["slowdown"] = 4.0  # refused once read, after the folder was named
+    profiles.write_text(json.dumps(data))
+    code, _, err = _run(capsys, *BASE, "--profiles", str(profiles))
+    _one_error(code, err, "emulated slowdown of 4")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_file_system_without_locks_warns_and_trains(tmp_path, capsys, monkeypatch):
     """NFS without lockd or Lustre mounted noflock: flock fails with ENOLCK or ENOSYS. The
     run goes on unlocked, as before there was a lock, and says so."""
