@@ -68,10 +68,18 @@ def check_sizes(scene: str, shape: tuple[int, ...], opts: Mapping[str, Any]) -> 
         ) from None
 
 
-def new_model(model: str, bands: int, classes: int, patch_size: int, dropout: float) -> nn.Module:
-    """A fresh registered model (not seeded: the caller seeds torch)."""
+def new_model(
+    model: str, bands: int, classes: int, patch_size: int, dropout: float, members: int = 1
+) -> nn.Module:
+    """A fresh registered model, or an ensemble of ``members`` (not seeded: the caller
+    seeds torch)."""
     return build_model(
-        model, bands=bands, num_classes=classes, patch_size=patch_size, dropout=dropout
+        model,
+        bands=bands,
+        num_classes=classes,
+        patch_size=patch_size,
+        dropout=dropout,
+        members=members,
     )
 
 

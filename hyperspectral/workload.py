@@ -39,7 +39,6 @@ from lbtrain.workloads import (
     Workload,
     WorkloadOption,
     WorkloadPlugin,
-    correct_predictions,
     keep_batch,
 )
 
@@ -47,7 +46,7 @@ from .checks import check_sizes, check_split, new_model, published_shape, warn_u
 from .datasets import Scene, get_scene, load_scene, search_dirs
 from .maps import require_matplotlib, save_map
 from .metrics import format_table, metrics_from_confusion
-from .models import MODELS
+from .models import MODELS, member_correct_predictions, member_cross_entropy
 from .options import (
     parse_bool,
     parse_choice,
@@ -140,6 +139,15 @@ OPTIONS: tuple[WorkloadOption, ...] = (
         "dropout probability of the model (0 = off); default the model's reference (0.1 for "
         "ssftt, 0.4 otherwise)",
         type=parse_float("dropout", 0.0, 1.0, low_open=False, optional=True),
+    ),
+    WorkloadOption(
+        "ensemble",
+        1,
+        "train this many copies of the model side by side, each from its own initial "
+        "weights and on its own loss, and predict with their mean probability (a deep "
+        "ensemble): N times the compute and memory of one model, and usually a higher "
+        "accuracy; 1 = one model",
+        type=parse_int("ensemble", 1),
     ),
     WorkloadOption(
         "map", True, "predict every pixel at the end and draw map.png (needs matplotlib)", type=bool
@@ -263,17 +271,19 @@ def build(seed: int = 0, **options: Any) -> Workload:
         )
     data = prepare(scene, split, patch, pca, seed=seed)
     channels, classes, dropout = data.bands, scene.num_classes, opts["dropout"]
+    members = opts["ensemble"]
 
     def build_model_fn() -> nn.Module:
         # No seeding here: the trainer seeds torch, builds, and broadcasts rank 0's weights.
-        return new_model(model, channels, classes, patch, dropout)
+        return new_model(model, channels, classes, patch, dropout, members)
 
     return Workload(
         name=NAME,
         build_model=build_model_fn,
         sample_shape=(channels, patch, patch),
         num_classes=classes,
-        loss_fn=nn.functional.cross_entropy,
+        # Plain cross-entropy for one model; each member's own, averaged, for an ensemble.
+        loss_fn=member_cross_entropy,
         # What profiling times; the reference recipe of all three models is Adam at 1e-3.
         build_optimizer=lambda params: torch.optim.Adam(params, lr=1e-3),
         train_set=data.train_set,
@@ -281,7 +291,7 @@ def build(seed: int = 0, **options: Any) -> Workload:
         evaluator=ConfusionEvaluator(
             classes, summarize=metrics_from_confusion, headline=("oa", "aa", "kappa")
         ),
-        step_metric=correct_predictions,
+        step_metric=member_correct_predictions,
         # Only the map needs every pixel predicted; without it the trainer can skip that pass.
         predict_set=data.predict_set() if opts["map"] else None,
         predict_unit=w,
@@ -297,11 +307,13 @@ def build(seed: int = 0, **options: Any) -> Workload:
             "split": split.meta.get("kind", opts["split"]),
             # The exact pixels: resuming on another split would score trained-on pixels.
             "split_digest": _digest(split),
+            # Only when set: checkpoints of one model, from before the option, still resume.
+            **({"ensemble": members} if members > 1 else {}),
         },
         description=(
             f"{scene.name} {scene.cube.shape} from {scene.source}: {len(data.train_set)} train "
             f"/ {len(data.test_set)} test pixels{_guard_note(split)}, {channels} channels, "
-            f"model {model}, patch {patch}"
+            f"model {model}{f' x{members}' if members > 1 else ''}, patch {patch}"
         ),
     )
 

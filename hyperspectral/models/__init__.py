@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from .ensemble import Ensemble, member_correct_predictions, member_cross_entropy
 from .hamida import HamidaEtAl, build_hamida
 from .hu import HuEtAl, build_hu
 from .hybridsn import HybridSN, build_hybridsn
@@ -24,6 +25,9 @@ __all__ = [
     "HamidaEtAl",
     "HybridSN",
     "SSFTT",
+    "Ensemble",
+    "member_correct_predictions",
+    "member_cross_entropy",
 ]
 
 
@@ -78,8 +82,9 @@ def build_model(
     num_classes: int,
     patch_size: int | None = None,
     dropout: float | None = None,
+    members: int = 1,
 ) -> nn.Module:
-    """Build the registered model ``name``.
+    """Build the registered model ``name``, or an :class:`Ensemble` of ``members`` of it.
 
     Args:
         name: a key of :data:`MODELS`.
@@ -88,6 +93,8 @@ def build_model(
         patch_size: odd patch edge P; ``None`` uses the model's default.
         dropout: dropout probability in [0, 1); 0 makes the model deterministic; ``None``
             uses the model's reference.
+        members: 1 for one model; more for a deep ensemble of that many, each from its own
+            initial weights (train it with :func:`member_cross_entropy`).
 
     Raises:
         ValueError: unknown name, or an invalid size or dropout.
@@ -101,9 +108,15 @@ def build_model(
         raise ValueError(f"dropout={dropout} must be in [0, 1)")
     if bands < 1 or num_classes < 2:
         raise ValueError(f"need bands >= 1 and num_classes >= 2, got {bands} and {num_classes}")
-    return spec.factory(
-        bands=bands,
-        num_classes=num_classes,
-        patch_size=patch_size or spec.patch_size,
-        dropout=dropout,
-    )
+    if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+        raise ValueError(f"members={members!r} must be a whole number >= 1")
+
+    def one() -> nn.Module:
+        return spec.factory(
+            bands=bands,
+            num_classes=num_classes,
+            patch_size=patch_size or spec.patch_size,
+            dropout=dropout,
+        )
+
+    return one() if members == 1 else Ensemble(one, members)

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from hyperspectral.models import MODELS, build_model
+from hyperspectral.models import (
+    MODELS,
+    build_model,
+    member_correct_predictions,
+    member_cross_entropy,
+)
 from hyperspectral.patches import PatchDataset, pad_cube
 
 
@@ -113,3 +118,36 @@ def test_build_model_errors_name_the_problem():
         build_model("hu", bands=10, num_classes=3, dropout=1.0)
     with pytest.raises(ValueError, match="patch_size >= 9, got 7"):
         build_model("hybridsn", bands=30, num_classes=3, patch_size=7)
+    for members in (0, True, 2.0):
+        with pytest.raises(ValueError, match=f"members={members!r} must be a whole number"):
+            build_model("hu", bands=10, num_classes=3, members=members)
+
+
+def test_an_ensemble_trains_each_member_on_its_own_loss_and_predicts_their_mean():
+    torch.manual_seed(0)
+    ensemble = build_model("hamida", bands=6, num_classes=4, dropout=0.0, members=3)
+    first, second = ensemble.members[0], ensemble.members[1]
+    # Each member starts from its own weights.
+    assert not torch.equal(next(first.parameters()), next(second.parameters()))
+    x, y = torch.randn(5, 6, 5, 5), torch.tensor([0, 1, 2, 3, 1])
+    stacked = ensemble.train()(x)
+    assert stacked.shape == (5, 4, 3)
+    # The loss is the members' mean loss ...
+    each = [torch.nn.functional.cross_entropy(m(x), y) for m in ensemble.members]
+    loss = member_cross_entropy(stacked, y)
+    torch.testing.assert_close(loss, sum(each) / 3)
+    # ... so a member's gradient is its own loss's, whatever the others predict.
+    loss.backward()
+    alone = [p.grad.clone() for p in first.parameters()]
+    first.zero_grad()
+    (each[0] / 3).backward()
+    for got, want in zip(alone, (p.grad for p in first.parameters()), strict=True):
+        torch.testing.assert_close(got, want)
+    # In eval mode: the log of the members' mean probability, read like one model's logits.
+    ensemble.eval()
+    with torch.no_grad():
+        mean = torch.stack([m(x).softmax(1) for m in ensemble.members]).mean(0)
+        torch.testing.assert_close(ensemble(x).exp(), mean)
+    assert member_correct_predictions(stacked, y) == float((mean.argmax(1) == y).sum())
+    # One model's (N, K) logits are read as they always were.
+    assert member_cross_entropy(first(x), y) == torch.nn.functional.cross_entropy(first(x), y)

@@ -14,7 +14,7 @@ from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 from hyperspectral import workload as hs_workload
 from hyperspectral.datasets import get_scene
 from hyperspectral.metrics import confusion_matrix, metrics_from_confusion
-from hyperspectral.models import MODELS
+from hyperspectral.models import MODELS, Ensemble
 from hyperspectral.patches import PatchDataset, pad_cube
 from hyperspectral.pipeline import canonical_scene
 from hyperspectral.splits import load_split, save_split
@@ -53,6 +53,7 @@ def test_options_and_their_defaults():
         "train_per_class": None,
         "split_file": None,
         "dropout": None,
+        "ensemble": 1,
         "map": True,
     }
     assert _option("download").type is bool and _option("map").type is bool
@@ -117,6 +118,8 @@ def test_converters_take_strings_and_toml_values():
         ({"model": "hybridsn", "patch_size": 7}, ("--model hybridsn", "patch_size >= 9")),
         ({"split": "fixed"}, ("--split fixed", "--train-per-class")),
         ({"split_file": "/nonexistent/split.npz"}, ("--split-file", "no such file")),
+        ({"ensemble": 0}, ("--ensemble 0", ">= 1")),
+        ({"ensemble": "two"}, ("--ensemble 'two'", "a whole number")),
         # hu reads the centre pixel only: a larger patch would be silently ignored.
         ({"model": "hu", "patch_size": 5}, ("--patch-size 5", "--model hu", "hamida")),
     ],
@@ -202,6 +205,14 @@ def test_build_is_consistent_with_the_scene_and_its_datasets():
 def test_model_reference_sizes_apply_when_unset():
     # hybridsn's reference: 30 PCA components (fitted on training pixels) and 25x25 patches.
     assert _build(model="hybridsn").sample_shape == (30, 25, 25)
+
+
+def test_an_ensemble_is_built_and_signed_only_when_asked_for():
+    one = _build(model="hamida", patch_size=5)
+    two = _build(model="hamida", patch_size=5, ensemble=2)
+    assert not isinstance(one.build_model(), Ensemble) and "ensemble" not in one.signature
+    assert isinstance(two.build_model(), Ensemble) and two.signature["ensemble"] == 2
+    assert "model hamida x2," in two.description
 
 
 def test_pca_zero_keeps_the_bands():

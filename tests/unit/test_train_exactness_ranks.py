@@ -67,3 +67,20 @@ def test_a_rank_with_a_zero_share_keeps_the_update_exact(overlap, one_process, t
     )
     assert sizes == [26, 0, 14]
     assert max_difference(model, one_process) < 1e-5
+
+
+def test_an_ensemble_on_unequal_ranks_with_a_zero_share_matches_one_process(tmp_path):
+    """A deep ensemble's (N, K, M) outputs and its members' mean loss keep the update exact."""
+    from lbtrain import SingleProcessCommunicator
+    from lbtrain.cli.main import main
+
+    ensemble = ("--ensemble", "2")
+    alone = tmp_path / "one"
+    assert main([*COMMON, *ensemble, "--out", str(alone)], comm=SingleProcessCommunicator()) == 0
+    reference = trained(alone)[0]
+    assert any(k.startswith("members.1.") for k in reference), sorted(reference)[:3]
+    for name, plan in (("unequal", unequal_plan), ("zero", zero_share_plan)):
+        model, _ = _three_ranks(
+            tmp_path / name, *ensemble, "--plan", str(plan(tmp_path)), "--replan", "off"
+        )
+        assert max_difference(model, reference) < 1e-5, name
