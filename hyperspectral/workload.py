@@ -296,7 +296,7 @@ def build(seed: int = 0, **options: Any) -> Workload:
         predict_set=data.predict_set() if opts["map"] else None,
         predict_unit=w,
         collate_fn=keep_batch,
-        artifacts=_artifacts_hook(scene, split, opts["map"]),
+        artifacts=_artifacts_hook(scene, split, opts["map"], _model_label(model, patch, members)),
         outputs=ARTIFACTS,
         signature={
             "dataset": scene.name,
@@ -313,9 +313,14 @@ def build(seed: int = 0, **options: Any) -> Workload:
         description=(
             f"{scene.name} {scene.cube.shape} from {scene.source}: {len(data.train_set)} train "
             f"/ {len(data.test_set)} test pixels{_guard_note(split)}, {channels} channels, "
-            f"model {model}{f' x{members}' if members > 1 else ''}, patch {patch}"
+            f"model {_model_label(model, patch, members)}"
         ),
     )
+
+
+def _model_label(model: str, patch: int, members: int) -> str:
+    """``ssftt x5, patch 13``: the model as the map's title names it."""
+    return f"{model}{f' x{members}' if members > 1 else ''}, patch {patch}"
 
 
 def _guard_note(split: Split) -> str:
@@ -340,9 +345,12 @@ def _digest(split: Split) -> str:
 
 
 def _artifacts_hook(
-    scene: Scene, split: Split, draw_map: bool
+    scene: Scene, split: Split, draw_map: bool, model: str
 ) -> Callable[[ArtifactContext], list[Path]]:
-    """The rank-0 hook; it keeps three bands for the false-colour panel, not the raw cube."""
+    """The rank-0 hook; it keeps three bands for the false-colour panel, not the raw cube.
+
+    ``model`` names the model in the map's title (the trainer's title names the job only).
+    """
     name, shape = scene.name, scene.shape
     gt, class_names, bands = scene.gt, scene.class_names, scene.rgb_bands
     rgb = np.ascontiguousarray(scene.cube[..., list(bands)]) if draw_map else None
@@ -375,7 +383,8 @@ def _artifacts_hook(
                     f"{name}; predict every item of the workload's predict_set"
                 )
             title = (
-                f"{ctx.title or name}: OA {100 * metrics['oa']:.2f}%  "
+                f"{name}, {model}{f' ({ctx.title})' if ctx.title else ''}: "
+                f"OA {100 * metrics['oa']:.2f}%  "
                 f"AA {100 * metrics['aa']:.2f}%  kappa {metrics['kappa']:.4f}"
             )
             written.append(

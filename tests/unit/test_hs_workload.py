@@ -259,14 +259,24 @@ def test_evaluator_matches_hyperspectral_metrics():
     np.testing.assert_array_equal(state, expected)
 
 
-def test_artifacts_write_metrics_split_and_map(tmp_path):
+def test_artifacts_write_metrics_split_and_map(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    work = _build(map=True)
+    work = _build(map=True, ensemble=2)
     h, w = get_scene("synthetic").shape
     predictions = np.arange(h * w) % work.num_classes
     metrics = metrics_from_confusion(np.diag([3, 4, 5, 6]) + 1)
-    ctx = ArtifactContext(tmp_path, metrics, predictions, title="synthetic hamida")
+    ctx = ArtifactContext(tmp_path, metrics, predictions, title="hyperspectral, 1 rank")
+    titles = []
+    drawn = hs_workload.save_map
+    monkeypatch.setattr(
+        hs_workload, "save_map", lambda *a, **k: titles.append(k["title"]) or drawn(*a, **k)
+    )
     written = work.artifacts(ctx)
+    # The map names the scene and the model: the trainer's title names only the job.
+    assert titles == [
+        f"synthetic, hamida x2, patch 5 (hyperspectral, 1 rank): OA {100 * metrics['oa']:.2f}%  "
+        f"AA {100 * metrics['aa']:.2f}%  kappa {metrics['kappa']:.4f}"
+    ]
     names = ["map.png", "metrics.txt", "split.json", "split.npz"]
     assert sorted(p.name for p in written) == sorted(p.name for p in tmp_path.iterdir()) == names
     counts = json.loads((tmp_path / "split.json").read_text())
