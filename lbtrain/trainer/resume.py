@@ -91,8 +91,9 @@ def check_trainable(
         _check_resumable(config, checkpoint)
         theirs, ours = dict(checkpoint.get("signature", {})), dict(workload.signature)
         if theirs != ours:
+            # A key only one side has (an option added since) reads "unset" on the other.
             diff = ", ".join(
-                f"{k} {theirs.get(k)!r} (this run: {ours.get(k)!r})"
+                f"{k} {theirs.get(k, 'unset')!r} (this run: {ours.get(k, 'unset')!r})"
                 for k in sorted(set(theirs) | set(ours))
                 if theirs.get(k) != ours.get(k)
             )
