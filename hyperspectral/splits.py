@@ -5,6 +5,7 @@ Indices are flat pixel indices ``row * W + col`` into the scene's ground truth.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import warnings
 import zipfile
@@ -26,6 +27,8 @@ __all__ = [
     "save_split",
     "load_split",
     "split_counts",
+    "split_digest",
+    "guard_note",
 ]
 
 SPLIT_KINDS = ("random", "fixed", "disjoint")
@@ -256,3 +259,24 @@ def load_split(path: str | Path, gt: np.ndarray | None = None) -> Split:
         left[split.test] = False
         split.guard = np.flatnonzero(left).astype(np.int64)
     return split
+
+
+def guard_note(split: Split) -> str:
+    """What a disjoint split left out: its guard band, and any class it could not test."""
+    if split.meta.get("kind") != "disjoint":
+        return ""
+    note = f" ({split.guard.size} in a guard band of {split.meta.get('guard_radius', '?')} px"
+    untested = split.meta.get("train_only") or []
+    if untested:
+        note += f"; class{'es' if len(untested) > 1 else ''} "
+        note += ", ".join(str(c) for c in untested) + " trained, not tested"
+    return note + ")"
+
+
+def split_digest(split: Split) -> str:
+    """A short fingerprint of which pixels train and which test."""
+    h = hashlib.sha256()
+    for part in (split.train, split.test):
+        h.update(np.ascontiguousarray(np.sort(part), dtype=np.int64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()[:16]

@@ -21,7 +21,6 @@ are in :mod:`hyperspectral.options`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from collections.abc import Callable, Mapping
@@ -56,7 +55,7 @@ from .options import (
     parse_path,
 )
 from .pipeline import DATASET_NAMES, prepare, split_scene
-from .splits import SPLIT_KINDS, Split, save_split, split_counts
+from .splits import SPLIT_KINDS, Split, guard_note, save_split, split_counts, split_digest
 
 __all__ = ["ARTIFACTS", "NAME", "build", "fetch", "plugin"]
 
@@ -306,13 +305,13 @@ def build(seed: int = 0, **options: Any) -> Workload:
             "num_classes": classes,
             "split": split.meta.get("kind", opts["split"]),
             # The exact pixels: resuming on another split would score trained-on pixels.
-            "split_digest": _digest(split),
+            "split_digest": split_digest(split),
             # Only when set: checkpoints of one model, from before the option, still resume.
             **({"ensemble": members} if members > 1 else {}),
         },
         description=(
             f"{scene.name} {scene.cube.shape} from {scene.source}: {len(data.train_set)} train "
-            f"/ {len(data.test_set)} test pixels{_guard_note(split)}, {channels} channels, "
+            f"/ {len(data.test_set)} test pixels{guard_note(split)}, {channels} channels, "
             f"model {_model_label(model, patch, members)}"
         ),
     )
@@ -321,27 +320,6 @@ def build(seed: int = 0, **options: Any) -> Workload:
 def _model_label(model: str, patch: int, members: int) -> str:
     """``ssftt x5, patch 13``: the model as the map's title names it."""
     return f"{model}{f' x{members}' if members > 1 else ''}, patch {patch}"
-
-
-def _guard_note(split: Split) -> str:
-    """What a disjoint split left out: its guard band, and any class it could not test."""
-    if split.meta.get("kind") != "disjoint":
-        return ""
-    note = f" ({split.guard.size} in a guard band of {split.meta.get('guard_radius', '?')} px"
-    untested = split.meta.get("train_only") or []
-    if untested:
-        note += f"; class{'es' if len(untested) > 1 else ''} "
-        note += ", ".join(str(c) for c in untested) + " trained, not tested"
-    return note + ")"
-
-
-def _digest(split: Split) -> str:
-    """A short fingerprint of which pixels train and which test."""
-    h = hashlib.sha256()
-    for part in (split.train, split.test):
-        h.update(np.ascontiguousarray(np.sort(part), dtype=np.int64).tobytes())
-        h.update(b"|")
-    return h.hexdigest()[:16]
 
 
 def _artifacts_hook(
