@@ -91,7 +91,9 @@ class Workload:
         outputs: names of the files `artifacts` writes into the run folder, so that an
             overwritten run's old ones are removed before the new run starts.
         signature: what identifies the trained model and data (dataset, model, sizes); a
-            checkpoint whose signature differs is refused on resume.
+            checkpoint whose signature differs is refused on resume. Leave out an option
+            added later while it is at its default, so older checkpoints still resume (the
+            refusal calls a missing key "its default").
         description: one line about the data, printed at the start of training.
         step_metric: the training step's metric, summed over the batch (a classifier passes
             `correct_predictions`); the trainer reports its sum over the global batch divided

@@ -91,9 +91,8 @@ def check_trainable(
         _check_resumable(config, checkpoint)
         theirs, ours = dict(checkpoint.get("signature", {})), dict(workload.signature)
         if theirs != ours:
-            # A key only one side has (an option added since) reads "unset" on the other.
             diff = ", ".join(
-                f"{k} {theirs.get(k, 'unset')!r} (this run: {ours.get(k, 'unset')!r})"
+                f"{k} {_signed(theirs, k)} (this run: {_signed(ours, k)})"
                 for k in sorted(set(theirs) | set(ours))
                 if theirs.get(k) != ours.get(k)
             )
@@ -101,6 +100,12 @@ def check_trainable(
                 f"resume {checkpoint['path']!r} was trained on another model or data: {diff}; "
                 "resume with the same workload options, or start a new run"
             )
+
+
+def _signed(signature: dict[str, Any], key: str) -> str:
+    """A signature's value for the refusal; a workload leaves out an option at its default
+    (so that checkpoints from before the option still resume)."""
+    return repr(signature[key]) if key in signature else "its default"
 
 
 # Settings a resumed run must keep: its optimizer state, schedule, data order and split were

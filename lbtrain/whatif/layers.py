@@ -58,7 +58,8 @@ def count_layers(workload: Workload, batch: int = 2) -> list[Layer]:
     """Each leaf module's work per sample, in the order the forward pass runs them.
 
     Raises:
-        ValueError: a model whose step cannot run on the meta device (one line).
+        ValueError: a model whose step cannot run on the meta device, or whose layers do not
+            run as one chain (one line).
     """
     model = workload.build_model().to("meta").train()
     leaves = {m: name for name, m in model.named_modules() if not list(m.children())}
@@ -97,4 +98,23 @@ def count_layers(workload: Workload, batch: int = 2) -> list[Layer]:
             height=int(out_shape[-2]) if spatial else 0,
             parameter_bytes=sum(p.numel() * p.element_size() for p in module.parameters()),
         ))  # fmt: skip
+    _check_chain(layers, counter.get_total_flops() / batch)
     return layers
+
+
+def _check_chain(layers: list[Layer], total: float) -> None:
+    """Refuse a model whose leaves' FLOPs add up to more than the whole step's.
+
+    Only branches do that: when several layers read the same input (an ensemble's members,
+    a multi-branch block), torch's per-module counter charges a branch's backward to the
+    next branch's first layer as well. Such a model is not the chain of layers that the
+    spatial and pipeline estimates cut, so no figure is better than a wrong one.
+    """
+    summed = sum(layer.flops for layer in layers)
+    if summed > total * (1 + 1e-6):
+        raise ValueError(
+            f"--parallelism models a chain of layers, but this model's layers run as "
+            f"branches (their FLOPs add up to {summed / 1e6:.1f} MFLOP a sample, more than "
+            f"the model's {total / 1e6:.1f}), as an ensemble's members do; leave out "
+            "--parallelism for data parallelism's figures, or give one model"
+        )

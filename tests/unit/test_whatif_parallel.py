@@ -183,3 +183,27 @@ def test_an_even_kernel_reads_a_row_beyond_its_slab():
     )  # fmt: skip
     (conv,) = count_layers(workload)
     assert conv.halo_bytes == 1 * 8 * 4  # one row of 8 pixels of one channel, FP32
+
+
+def test_a_model_of_branches_is_refused_not_cut_as_a_chain():
+    import torch
+
+    from lbtrain.workloads import Workload
+
+    class Branches(torch.nn.Module):
+        """Two convolutions of the same input, as an ensemble's members are."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.left, self.right = torch.nn.Conv2d(1, 2, 3), torch.nn.Conv2d(1, 2, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (self.left(x) + self.right(x)).mean((2, 3))
+
+    branches = Workload(
+        name="branches", build_model=Branches, sample_shape=(1, 8, 8), num_classes=2,
+        loss_fn=torch.nn.functional.cross_entropy,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="^--parallelism models a chain of layers, but") as err:
+        count_layers(branches)
+    assert "\n" not in str(err.value) and "leave out --parallelism" in str(err.value)
