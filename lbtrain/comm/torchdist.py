@@ -14,6 +14,7 @@ GPU): CPU stand-ins cover the staged path, nothing covers NCCL itself.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -109,6 +110,13 @@ class TorchDistCommunicator:
         """
         if self.owns_groups and dist.is_initialized():
             dist.destroy_process_group()
+            # This object's references would keep the groups, and gloo's threads, alive
+            # until the interpreter tears itself down, where one of those threads can still
+            # abort the process (about 1 finished torchrun job in 50 here): free them now,
+            # while the interpreter is whole.
+            self._cpu = self._cuda = None
+            self._staging.clear()
+            gc.collect()
         self.owns_groups = False
 
     @property
