@@ -1,6 +1,8 @@
 """Model registry: name -> factory with one uniform signature.
 
-All models take ``float32`` patches shaped (N, C, P, P) and return (N, K) logits.
+All models take ``float32`` patches shaped (N, C, P, P) and return (N, K) logits; an
+:class:`Ensemble` of them returns (N, K, M) member logits while training (for
+:func:`member_cross_entropy`) and (N, K) log mean probabilities in eval mode.
 """
 
 from __future__ import annotations
