@@ -114,6 +114,9 @@ class BalancedDataParallel(nn.Module):
         self.sync_in_backward = bool(sync_in_backward)
         self.weighting = weighting
         self.gradients = GradientSync(module, comm, overlap=overlap, bucket_mb=bucket_mb)
+        # Buckets of other sizes would sum unrelated slices (NaN, or a rank left waiting).
+        layouts = comm.allgather([b.flat.numel() for b in self.gradients.buckets])
+        agree(comm, lambda: _raise_if(_bucket_disagreement(layouts)), name_rank=False)
         self._require_sync = True
         self._counted = loader.batches  # the loader batch last added to the window
         self._window = [0, 0]  # samples of this rank, and of the world, since the last sync
@@ -223,6 +226,10 @@ class BalancedDataParallel(nn.Module):
         """Add the loader's current batch to the window since the last sync, once."""
         loader = self.loader
         if loader.batches == self._counted:
+            if self._open is None and self._window[1] == 0:
+                # Its step is synced (or none was drawn): the weights come from the loader's
+                # batch, so another training forward would add gradients weighted 0.
+                raise RuntimeError(_no_new_batch(self.comm.rank, loader.batches))
             return
         if self._open is not None:
             raise RuntimeError(
@@ -270,6 +277,36 @@ class BalancedDataParallel(nn.Module):
         self.gradients.launch()
         if self.sync_in_backward:
             self.finish()
+
+
+def _no_new_batch(rank: int, handed_out: int) -> str:
+    drawn = (
+        f"the last of its {handed_out} batches is synced already"
+        if handed_out
+        else "it has handed out no batch yet"
+    )
+    return (
+        f"rank {rank}: a training forward without a new batch from the loader the model was "
+        f"wrapped with ({drawn}): take one batch at a time from that loader for each step "
+        "(not list(loader), a prefetcher or another loader), and run forwards that are not "
+        "training steps under torch.no_grad() or model.eval()"
+    )
+
+
+def _bucket_disagreement(layouts: list[list[int]]) -> str | None:
+    for rank, layout in enumerate(layouts):
+        if layout != layouts[0]:
+            return (
+                f"rank {rank} cuts the gradients into {_buckets(layout)} and rank 0 into "
+                f"{_buckets(layouts[0])}: pass the same bucket_mb and overlap to "
+                "BalancedDataParallel on every rank"
+            )
+    return None
+
+
+def _buckets(layout: list[int]) -> str:
+    sizes = ", ".join(map(str, layout[:4])) + (", ..." if len(layout) > 4 else "")
+    return f"{len(layout)} bucket{'s' * (len(layout) != 1)} ({sizes} elements)"
 
 
 def _largest_share(loader: BalancedLoader) -> int:

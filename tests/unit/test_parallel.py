@@ -94,6 +94,20 @@ def test_loaders_that_differ_between_ranks_are_one_error_on_every_rank(speeds, l
     assert all(f"the ranks' loaders disagree {said}" in str(e) for e in errors), errors
 
 
+def test_buckets_that_differ_between_ranks_are_one_error_on_every_rank():
+    # Once: rank 1 summed its one bucket with rank 0's first (NaN weights), rank 0 hung.
+    def work(comm):
+        loader = balanced_loader([1.0, 1.0], _toy(), global_batch_size=4, rank=comm.rank)
+        model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+        BalancedDataParallel(model, comm, loader, bucket_mb=[1e-4, 25.0][comm.rank])
+
+    errors = _run_all(2, work)
+    assert all(isinstance(e, CollectiveError) for e in errors), errors
+    assert len({str(e) for e in errors}) == 1
+    assert "rank 1 cuts the gradients into 1 bucket (58 elements)" in str(errors[0])
+    assert "pass the same bucket_mb and overlap" in str(errors[0])
+
+
 def test_seeds_that_differ_without_shuffling_are_no_disagreement():
     def work(comm):
         loader = balanced_loader(
@@ -151,6 +165,35 @@ def test_an_eval_mode_forward_between_steps_is_not_a_step():
         model.eval()
         nn.functional.cross_entropy(model(x), y)  # a validation loss, grad enabled
         model.train()
+
+
+def _step(model, x, y) -> float:
+    """One step's forward and backward; the gradient's norm after the sync."""
+    model.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    return float(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm())
+
+
+@pytest.mark.parametrize("how", ["list", "another loader", "a second step on one batch"])
+def test_a_training_forward_without_a_new_batch_is_refused_not_weighted_zero(how):
+    # Each of these once trained silently on gradients of zero: the weight comes from the
+    # wrapped loader's latest batch, and that one was synced already (or never drawn).
+    data = _toy(16)
+    loader = balanced_loader([1.0], data, global_batch_size=4, rank=0, seed=3)
+    model = BalancedDataParallel(nn.Linear(4, 2), SingleProcessCommunicator(), loader)
+    if how == "list":
+        batches = list(loader)
+        assert _step(model, *batches[0]) > 0  # the first forward counts the newest batch
+        step = batches[1]
+    elif how == "another loader":
+        step = next(iter(balanced_loader([1.0], data, global_batch_size=4, rank=0)))
+    else:
+        step = next(iter(loader))
+        assert _step(model, *step) > 0
+    with pytest.raises(RuntimeError, match=r"rank 0: a training forward without a new batch"):
+        _step(model, *step)
+    with torch.no_grad():
+        model(step[0])  # a forward that is no training step stays allowed
 
 
 def test_evaluation_sums_over_ranks():
