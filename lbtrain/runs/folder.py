@@ -116,6 +116,14 @@ class Run:
         return [record for record in self.epochs if record.get("replan")]
 
     @property
+    def replan_count(self) -> int:
+        """How many times the plan changed over the whole run: summary.json's count, which a
+        run resumed into a new folder carries over; else the re-plans in metrics.jsonl."""
+        if self.summary and isinstance(self.summary.get("replans"), int):
+            return int(self.summary["replans"])
+        return len(self.replans)
+
+    @property
     def epochs_done(self) -> int:
         """The last epoch's number (a run resumed into a new folder holds only the epochs
         trained there, so its records alone would count short)."""
@@ -169,14 +177,14 @@ def load_run(folder: str | os.PathLike[str]) -> Run:
     return Run(
         folder=path,
         recipe=_toml(path / "config.toml"),
-        plan=_json(path / "plan.json", "plan"),
+        plan=_checked(path / "plan.json", "plan", _PLAN_FIELDS),
         epochs=epoch_records(records),
         evaluations=eval_records(records),
         start=starts[-1] if starts else None,
         # A resumed run that went on after a stop is no longer stopped.
         stop=stops[-1] if stops and records[-1]["type"] == "stop" else None,
         ended=bool(records) and records[-1]["type"] == "end",
-        summary=_json(path / "summary.json", "run summary"),
+        summary=_checked(path / "summary.json", "run summary", _SUMMARY_FIELDS),
         files=_files(path),
     )
 
@@ -247,6 +255,68 @@ def _json(path: Path, what: str) -> dict[str, Any] | None:
     if not isinstance(value, dict):
         raise _damaged(path, f"not a {what}: a JSON object was expected")
     return value
+
+
+_NUMBER = (int, float)
+# The fields a reader uses, and what each must be where present (null counts as absent).
+_SUMMARY_FIELDS: dict[str, tuple[type, ...]] = {
+    "metrics": (dict,),
+    "ranks": (list,),
+    "versions": (dict,),
+    "world_size": (int,),
+    "policy": (str,),
+    "epochs_run": (int,),
+    "steps": (int,),
+    "replans": (int,),
+    **dict.fromkeys(
+        (
+            "wall_seconds",
+            "profile_seconds",
+            "train_seconds",
+            "samples_per_second",
+            "measured_step_seconds",
+            "predicted_step_seconds",
+            "prediction_error_median",
+        ),
+        _NUMBER,
+    ),
+}
+_PLAN_FIELDS: dict[str, tuple[type, ...]] = {
+    "batch_sizes": (list,),
+    "weights": (list,),
+    "predicted_step_times": (list,),
+    "policy": (str,),
+    "global_batch_size": (int,),
+    "predicted_step_time": _NUMBER,
+}
+
+
+def _checked(path: Path, what: str, fields: dict[str, tuple[type, ...]]) -> dict[str, Any] | None:
+    """The JSON object at `path`, its fields checked against `fields` (a hand edit, say)."""
+    value = _json(path, what)
+    for key, kinds in fields.items():
+        field = None if value is None else value.get(key)
+        if field is not None and (isinstance(field, bool) or not isinstance(field, kinds)):
+            wanted = " or ".join(_KIND_NAMES[kind] for kind in kinds)
+            raise _damaged(path, f"its {key!r} is {field!r:.40}, not {wanted}")
+    if value is not None:
+        metrics = value.get("metrics") or {}
+        ranks = value.get("ranks") or []
+        numbers = all(v is None or isinstance(v, _NUMBER) for v in metrics.values())
+        if what == "run summary" and not numbers:
+            raise _damaged(path, "its 'metrics' holds a value that is not a number")
+        if not all(isinstance(row, dict) for row in ranks):
+            raise _damaged(path, "its 'ranks' holds an entry that is not a JSON object")
+    return value
+
+
+_KIND_NAMES = {
+    dict: "a JSON object",
+    list: "a list",
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+}
 
 
 def _toml(path: Path) -> dict[str, Any] | None:

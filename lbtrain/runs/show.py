@@ -206,7 +206,7 @@ def _final(run: Run) -> str:
     counts = [
         _plural(summary.get("epochs_run", 0), "epoch"),
         _plural(summary.get("steps", 0), "step"),
-        _plural(len(run.replans), "re-plan"),  # counted in metrics.jsonl, where each is
+        _plural(run.replan_count, "re-plan"),
     ]
     shown = [f"{name} {version}" for name, version in versions.items() if name != "platform"]
     lines.append(", ".join(counts) + ("; " + ", ".join(shown) if shown else ""))

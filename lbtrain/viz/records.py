@@ -136,6 +136,11 @@ def _parse(path: Path, text: str) -> list[dict[str, Any]]:
             isinstance(record, dict) and isinstance(record.get("type"), str)
         ):
             problem = "not a metrics record (a JSON object with a string 'type')"
+        elif problem is None and record["type"] in ("epoch", "eval"):
+            epoch = record.get("epoch")
+            if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+                # Readers sort and match records by it.
+                problem = f"an {record['type']} record whose epoch is {epoch!r:.40}, not a count"
         if problem is not None:
             if index == last:
                 break  # a torn last line: the process died while writing it

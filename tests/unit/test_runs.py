@@ -190,6 +190,18 @@ def test_a_run_resumed_into_a_new_folder_counts_its_epochs_by_number(runs, tmp_p
     assert out.splitlines()[0].startswith(f"run {later}: finished ({SCENE_EPOCHS} epochs, 1 rank")
 
 
+def test_show_counts_the_re_plans_of_the_whole_run_as_its_summary_does(runs, tmp_path, capsys):
+    # A run resumed into a new folder holds only the epochs trained there, and so only
+    # their re-plans; `show` once said "0 re-plans" beside a summary that counted 3.
+    later = tmp_path / "later"
+    shutil.copytree(runs["scene"], later)
+    summary = _json(later / "summary.json")
+    (later / "summary.json").write_text(json.dumps({**summary, "replans": 3}))
+    code, out, err = _cli(capsys, "show", str(later))
+    assert code == 0 and not err, err
+    assert ", 3 re-plans" in out, out
+
+
 def _expected_row(folder: Path, metrics: list[str]) -> list[str]:
     summary = _json(folder / "summary.json")
     return [
@@ -273,9 +285,30 @@ def _damaged_line(tmp_path: Path, runs: dict[str, Path]) -> str:
     return str(folder)
 
 
+def _edited(file: str, edit) -> object:
+    """A maker of a copy of the finished run whose `file` went through `edit` (a hand edit)."""
+
+    def make(tmp_path: Path, runs: dict[str, Path]) -> str:
+        folder = tmp_path / "edited"
+        shutil.copytree(runs["finished"], folder)
+        path = folder / file
+        if file.endswith(".jsonl"):
+            path.write_text(path.read_text() + edit + "\n")
+        else:
+            path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+        return str(folder)
+
+    return make
+
+
 @pytest.mark.parametrize(
     ("verb", "make", "needles"),
     [
+        # Once each a traceback (or a wrong figure printed with exit 0):
+        ("show", _edited("summary.json", lambda d: {**d, "ranks": 5}), ("'ranks' is 5",)),
+        ("show", _edited("plan.json", lambda d: {**d, "policy": 3}), ("'policy' is 3",)),
+        ("show", _edited("metrics.jsonl", '{"type": "epoch", "epoch": "x"}'), ("epoch is 'x'",)),
+        ("compare", _edited("summary.json", lambda d: {**d, "metrics": {"oa": "x"}}), ("not a",)),
         ("show", lambda tmp, runs: str(tmp / "nope"), ("does not exist", "runs/<date-time>")),
         ("show", lambda tmp, runs: _not_a_run(tmp), ("is not a run folder", "summary.json")),
         ("show", _damaged, ("summary.json' is damaged", "restore it")),
@@ -283,7 +316,11 @@ def _damaged_line(tmp_path: Path, runs: dict[str, Path]) -> str:
         ("compare", lambda tmp, runs: str(tmp / "nope"), ("does not exist",)),
         ("show", lambda tmp, runs: str(runs["scene"].parent), ("holds runs", "scene")),
     ],
-    ids=["missing", "not-a-run", "damaged-json", "damaged-jsonl", "compare-missing", "runs-parent"],
+    ids=[
+        *("ranks-not-a-list", "policy-not-a-string", "epoch-not-a-count", "metric-not-a-number"),
+        *("missing", "not-a-run", "damaged-json", "damaged-jsonl", "compare-missing"),
+        "runs-parent",
+    ],
 )
 def test_bad_run_folders_are_one_line_naming_the_path(runs, tmp_path, capsys, verb, make, needles):
     given = make(tmp_path, runs)
