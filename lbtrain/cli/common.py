@@ -72,6 +72,14 @@ def check_writable(path: str, option: str) -> None:
         raise ValueError(
             f"{option} {path!r}: folder {str(folder)!r} is not writable; choose another"
         )
+    target = Path(path).expanduser()
+    if not target.exists():
+        # Permission bits do not tell everything (a read-only mount, /sys, root's access()):
+        # create the file and take it away again, so the write fails now, not after the work.
+        with writing(option, path):
+            with target.open("xb"):
+                pass
+            target.unlink()
 
 
 # Image formats matplotlib writes (its savefig picks the format from the file's extension).

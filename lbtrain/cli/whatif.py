@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import math
 from statistics import median
 from typing import Any
 
 from lbtrain.balancer import POLICIES
 from lbtrain.cli.common import (
     add_workload_options,
-    check_plot_path,
     given_workload_options,
     non_negative_int,
     positive_float,
     positive_int,
+)
+from lbtrain.cli.whatif_checks import (
+    DEFAULT_MAX_DEVICES,
+    bytes_type,
+    check_flags,
+    check_profile_map,
+    profile_map_type,
 )
 from lbtrain.cli.whatif_format import (
     format_prediction,
@@ -25,8 +30,8 @@ from lbtrain.cli.whatif_format import (
 from lbtrain.cli.whatif_parallel import format_parallelism
 from lbtrain.cli.whatif_sweep import format_sweep, plot_sweep, sweep_type
 from lbtrain.comm import Communicator
+from lbtrain.outputs import writing
 from lbtrain.profiling import load_profiles
-from lbtrain.report import require_matplotlib
 from lbtrain.whatif.cluster import Cluster, Network, parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES, load_device_table
 from lbtrain.whatif.memory import memory_caps
@@ -123,7 +128,7 @@ def add_parser(
     add("--workload", help="the workload (as `lbtrain train` names it) whose model "
         "--count-flops counts; given, profiles of any other workload are refused (default: "
         f"{DEFAULT_WORKLOAD})")  # fmt: skip
-    add("--profile-map", type=_profile_map, default={}, metavar="NAME=KEY[,...]",
+    add("--profile-map", type=profile_map_type, default={}, metavar="NAME=KEY[,...]",
         help="NAME takes the profiles of device kind KEY, or whose name holds KEY (default: "
         "GPUs by name, cpu-core every cpu profile)")  # fmt: skip
     add(
@@ -145,12 +150,14 @@ def add_parser(
         "model, with the workload options below (default: the flags above give them)")  # fmt: skip
     add(
         "--gradient-bytes",
-        type=_bytes,
+        type=bytes_type,
         help="bytes allreduced per step (default: the profiles' or the counted model's)",
     )
     add("--scaling", choices=("strong", "weak"), help="also print a scaling table (default: none)")
     add(
-        "--max-devices", type=positive_int, default=64, help="scaling up to N devices (default: 64)"
+        "--max-devices",
+        type=positive_int,
+        help=f"--scaling up to N devices (default: {DEFAULT_MAX_DEVICES})",
     )
     add(
         "--batch-per-device",
@@ -169,31 +176,11 @@ def add_parser(
     return parser
 
 
-def _profile_map(text: str) -> dict[str, str]:
-    pairs = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, key = part.partition("=")
-        if not sep or not name.strip() or not key.strip():
-            raise argparse.ArgumentTypeError(f"--profile-map part {part!r}: write NAME=KEY")
-        pairs[name.strip().lower()] = key.strip()
-    return pairs
-
-
-def _bytes(text: str) -> int:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--gradient-bytes {text!r} is not a number") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"--gradient-bytes {text!r} must be >= 0")
-    return int(value)
-
-
 def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Check every input, predict, and print on rank 0 (one process does the arithmetic)."""
     if comm.rank != 0:
         return 0
-    _check_flags(args)
+    check_flags(args)
     table = BUILTIN_DEVICES if args.devices_file is None else load_device_table(args.devices_file)
     cluster, network = parse_cluster(args.cluster, table), _network(args.network)
     if args.sweep is not None:
@@ -208,6 +195,7 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     if unknown:
         raise ValueError(f"--profile-map names unknown device {unknown[0]!r}")
     profiles = _profiles(args)
+    check_profile_map(args.profile_map, profiles)
     # Last, as it builds the workload (its data included): every cheap check came first.
     workload, work = _counted_work(args, profiles)
     roofline = None
@@ -255,7 +243,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         drawn = lambda: plot_sweep(args.sweep.axis, points, args.plot)  # noqa: E731
     print("\n".join(blocks))
     if args.plot and drawn is not None:
-        print(f"\nplot written to {drawn()}")
+        with writing("--plot", args.plot):  # a disk that filled meanwhile: one line
+            written = drawn()
+        print(f"\nplot written to {written}")
     return 0
 
 
@@ -268,43 +258,6 @@ def _network(spec: str) -> Network:
         intra=given.intra if "intra" in levels else default.intra,
         inter=given.inter if "inter" in levels else default.inter,
     )
-
-
-def _check_flags(args: argparse.Namespace) -> None:
-    """The checks that need no file: flags that go together, the plot's path."""
-    if args.plot and not (args.scaling or args.sweep):
-        raise ValueError(
-            f"--plot {args.plot!r} draws the scaling table or the sweep: add --scaling strong "
-            "or weak, or --sweep, or drop --plot"
-        )
-    if args.plot and args.scaling and args.sweep:
-        raise ValueError(
-            f"--plot {args.plot!r} draws one picture: give --scaling or --sweep with it, not both"
-        )
-    if args.plot:
-        require_matplotlib()
-        check_plot_path(args.plot)
-    if args.scaling == "weak" and args.batch_per_device is None:
-        raise ValueError("--scaling weak needs --batch-per-device")
-    batch_swept = args.sweep is not None and args.sweep.axis == "batch"
-    if args.scaling == "strong" and args.global_batch is None:
-        raise ValueError("--scaling strong needs --global-batch (the batch it holds fixed)")
-    if args.scaling is None and args.global_batch is None and not batch_swept:
-        raise ValueError("--global-batch is required (the samples of one step)")
-    if args.global_batch is None and args.sweep is not None and not batch_swept:
-        raise ValueError("--sweep needs --global-batch (the samples of one step)")
-    if args.parallelism and args.global_batch is None:
-        raise ValueError("--parallelism needs --global-batch (the samples of one step)")
-    if args.parallelism and not args.count_flops:
-        raise ValueError(
-            "--parallelism compares schemes layer by layer: add --count-flops (and the "
-            "workload's options) so the model's layers can be counted"
-        )
-    if args.count_flops and (args.flops_per_sample or args.bytes_per_sample):
-        raise ValueError(
-            "--count-flops counts the FLOP and bytes per sample that --flops-per-sample and "
-            "--bytes-per-sample give: use one or the other"
-        )
 
 
 def _counted_work(args: argparse.Namespace, profiles: list[Any]) -> tuple[Any, ModelWork | None]:

@@ -96,12 +96,18 @@ class Roofline:
         return bound / efficiency
 
 
+def key_matches(profile: Any, key: str) -> bool:
+    """Whether a --profile-map key picks `profile`: its device kind, or part of its name."""
+    key = key.lower()
+    return str(profile.device_kind).lower() == key or key in str(profile.device_name).lower()
+
+
 def profile_matches(device: DeviceSpec, profile: Any, key: str | None = None) -> bool:
     """Whether `profile` (a ReplicaProfile) measures `device` (rule in the module docstring)."""
     kind = str(profile.device_kind).lower()
     name = str(profile.device_name).lower()
     if key is not None:
-        return kind == key.lower() or key.lower() in name
+        return key_matches(profile, key)
     if kind != _PROFILE_KIND[device.kind]:
         return False
     return device.kind == "cpu" or device.name.replace("-", " ") in name.replace("-", " ")

@@ -4,6 +4,8 @@ the nodes of a cluster whose entries fill their own, spec case, CPU thread scali
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from lbtrain import SingleProcessCommunicator
@@ -134,3 +136,35 @@ def test_a_strong_scaling_table_says_where_more_devices_lose(capsys):
     assert "note: past 8 devices the throughput falls" in out, out
     assert main([*argv, "0"], comm=SingleProcessCommunicator()) == 0  # no sync: no loss
     assert "throughput falls" not in capsys.readouterr().out
+
+
+_BASE = ["what-if", "--cluster", "8x v100", "--global-batch", "64", "--gradient-bytes", "1e6",
+         "--flops-per-sample", "1e9"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (["--batch-per-device", "16"], ["--batch-per-device 16", "add --scaling weak"]),
+        (["--max-devices", "4"], ["--max-devices 4", "add --scaling"]),
+        (["--profile-map", "v100=cuda"], ["--profile-map", "add --profiles FILE"]),
+        (["--profiles", FIXTURE, "--profile-map", "v100=nothing"], ["v100=nothing", "cpu, cuda"]),
+    ],
+    ids=["batch-per-device", "max-devices", "map-without-profiles", "map-no-match"],
+)
+def test_a_flag_that_would_be_ignored_is_one_line(capsys, extra, needles):
+    # Each once printed a prediction, exit 0, without the flag's effect.
+    assert main([*_BASE, *extra], comm=SingleProcessCommunicator()) == 2
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1 and not out, err
+    for needle in needles:
+        assert needle in err, err
+
+
+@pytest.mark.skipif(not os.access("/sys", os.F_OK), reason="needs Linux's /sys")
+def test_a_plot_that_cannot_be_written_is_refused_before_the_prediction(capsys):
+    # /sys refuses new files even where access() says yes (root): the write is tried first.
+    argv = [*_BASE, "--sweep", "batch=8,16", "--plot", "/sys/lbtrain-test.png"]
+    assert main(argv, comm=SingleProcessCommunicator()) == 2
+    out, err = capsys.readouterr()
+    assert not out and len(err.splitlines()) == 1 and "--plot '/sys/lbtrain-test.png'" in err, err
