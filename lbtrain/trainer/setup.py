@@ -184,17 +184,24 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
 def _describe_plan(setup: Setup) -> None:
     plan, config = setup.plan, setup.config
     if setup.profiles is not None:
-        setup.say(
-            format_report(
-                build_report(
-                    setup.profiles,
-                    plan.global_batch_size,
-                    plan.policy,
-                    min_batch=plan.min_batch,
-                    comm=plan.comm,
-                )
-            )
+        report = build_report(
+            setup.profiles,
+            plan.global_batch_size,
+            plan.policy,
+            min_batch=plan.min_batch,
+            comm=plan.comm,
         )
+        setup.say(format_report(report))
+        reported = [r.plan for r in report.results if r.policy == plan.policy]
+        if reported and tuple(reported[0].batch_sizes) != tuple(plan.batch_sizes):
+            # A resume keeps the plan in force at its checkpoint, re-planned from training's
+            # own timings, while the report plans from the profiles taken before training.
+            setup.say(
+                f"training goes on with the checkpoint's plan, re-planned from training's "
+                f"timings: batches {list(plan.batch_sizes)} of {plan.global_batch_size}, "
+                f"predicted step {1e3 * plan.predicted_step_time:.2f} ms (the report above "
+                "plans from the profiles)"
+            )
     else:
         setup.say(
             f"plan ({plan.policy}): batches {list(plan.batch_sizes)} of {plan.global_batch_size}"

@@ -72,3 +72,27 @@ def test_kappa_reads_as_a_coefficient_and_accuracies_as_percentages():
     # The run's last line: its folder, quoted where a shell would split it, and the verb.
     text = format_summary(summary, ("oa",), "runs/my run")
     assert text.splitlines()[-1] == "  run folder: 'runs/my run'  (see: lbtrain show 'runs/my run')"
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_resume_on_a_re_planned_plan_says_which_plan_trains(resumed):
+    # The report plans from the profiles taken before training; a resume goes on with the
+    # plan in force at its checkpoint, and once printed only the report's, a plan unused.
+    from types import SimpleNamespace
+
+    from lbtrain.profiling import load_profiles
+    from lbtrain.trainer.setup import _describe_plan
+
+    profiles = load_profiles("tests/fixtures/profiles_3ranks.json")
+    planned = plan_batches(profiles, 64, "cost")
+    plan = plan_batches([1.0, 1.0, 1.0], 64, "cost") if resumed else planned
+    assert plan.batch_sizes != planned.batch_sizes or not resumed
+    said: list[str] = []
+    setup = SimpleNamespace(
+        plan=plan, profiles=profiles, config=SimpleNamespace(emulate_change=None), say=said.append
+    )
+    _describe_plan(setup)
+    note = [line for line in said if line.startswith("training goes on with the checkpoint's")]
+    assert bool(note) == resumed, said
+    if resumed:
+        assert f"batches {list(plan.batch_sizes)} of 64" in note[0], note
