@@ -344,7 +344,11 @@ class Engine:
                 break
             times = pending.resolve()
             record.compute += times.compute
-            record.wait += times.wait
+            if self.comm.size == 1:
+                # No rank to wait for: the control step's own bookkeeping is work, not idle.
+                record.compute += times.wait
+            else:
+                record.wait += times.wait
             record.comm += times.comm
             done += 1
         del self._timed[:done]

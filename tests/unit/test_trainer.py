@@ -316,6 +316,9 @@ def test_fit_in_one_process_is_plain_minibatch_training():
         assert torch.allclose(a, b, atol=1e-6)
     last = result.totals.last
     assert math.isfinite(last["loss"]) and last["samples"] == 40 and last["accuracy"] is None
+    # One rank waits for no other: its control step is counted as work, not shown as idle.
+    totals = result.totals
+    assert totals.wait == 0.0 and totals.compute > 0, totals
 
 
 def test_a_nan_loss_stops_fit_naming_epoch_and_step():
