@@ -126,7 +126,7 @@ class BalancedBatchSampler(Sampler[list[int]]):
             )
         if num_samples < len(plan.active_ranks):
             raise ValueError(
-                f"the dataset has {num_samples} samples, fewer than the "
+                f"the dataset has {num_samples} sample{'s' * (num_samples != 1)}, fewer than the "
                 f"{len(plan.active_ranks)} ranks with a share; every such rank needs at least "
                 "one sample per step"
             )

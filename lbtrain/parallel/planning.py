@@ -105,6 +105,12 @@ def plan_for(
         return rows
 
     agree(comm, check)
+    # Each rank plans on its own: arguments that differ would give plans that differ, found
+    # only later as "the ranks' loaders disagree on the plan", far from the cause.
+    given = {"global_batch": global_batch, "policy": policy, "min_batch": min_batch,
+             "caps": None if caps is None else list(caps)}  # fmt: skip
+    rows = comm.allgather(given)
+    agree(comm, lambda: _same_arguments(rows), name_rank=False)
     if profiles is None:
         reference = max(1, global_batch // comm.size)
         config = ProfileConfig(
@@ -142,3 +148,13 @@ def plan_for(
             comm=comm_cost(measured),
         ),
     )
+
+
+def _same_arguments(rows: list[dict[str, Any]]) -> None:
+    for rank, row in enumerate(rows):
+        for name, value in row.items():
+            if value != rows[0][name]:
+                raise ValueError(
+                    f"plan_for got {name}={value!r} on rank {rank} but {name}="
+                    f"{rows[0][name]!r} on rank 0; pass the same {name} on every rank"
+                )

@@ -96,6 +96,11 @@ class BalancedDataParallel(nn.Module):
         weighting: str = "share",
     ) -> None:
         super().__init__()
+        if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
+            # Before the checks below, which meet the other ranks through it.
+            raise TypeError(
+                f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
+            )
         agree(comm, lambda: _check_arguments(module, comm, loader, weighting))
         rows = comm.allgather(fingerprint(loader.batch_sampler))
         agree(comm, lambda: _raise_if(disagreement(rows)), name_rank=False)
@@ -357,8 +362,7 @@ def _check_arguments(
         )
     if rank != comm.rank:
         raise ValueError(
-            f"loader was built for rank {rank} on rank {comm.rank}; pass rank=comm.rank to "
-            "balanced_loader"
+            f"loader was built for rank {rank}; pass rank=comm.rank to balanced_loader"
         )
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting={weighting!r} must be one of {', '.join(WEIGHTINGS)}")

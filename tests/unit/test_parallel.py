@@ -71,7 +71,7 @@ def test_a_loader_built_for_another_rank_is_named():
 
     errors = _run_all(2, work)
     assert all(isinstance(e, CollectiveError) for e in errors), errors
-    assert "rank 1: loader was built for rank 0 on rank 1" in str(errors[0])
+    assert "rank 1: loader was built for rank 0; pass rank=comm.rank" in str(errors[0])
 
 
 @pytest.mark.parametrize(
@@ -106,6 +106,12 @@ def test_buckets_that_differ_between_ranks_are_one_error_on_every_rank():
     assert len({str(e) for e in errors}) == 1
     assert "rank 1 cuts the gradients into 1 bucket (58 elements)" in str(errors[0])
     assert "pass the same bucket_mb and overlap" in str(errors[0])
+
+
+def test_a_communicator_that_is_none_is_a_type_error_naming_it():
+    loader = balanced_loader([1.0], _toy(), global_batch_size=4, rank=0)
+    with pytest.raises(TypeError, match=r"comm=None is not a communicator"):
+        BalancedDataParallel(nn.Linear(4, 2), None, loader)
 
 
 def test_seeds_that_differ_without_shuffling_are_no_disagreement():
@@ -222,6 +228,25 @@ def test_plan_for_plans_from_given_profiles_the_same_on_every_rank():
 
     plans = _values(run_ranks(2, work, timeout=30))
     assert plans[0] == plans[1] and sum(plans[0]) == 64 and plans[0][0] > plans[0][1]
+
+
+@pytest.mark.parametrize(
+    ("name", "values"),
+    [("global_batch", (64, 32)), ("policy", ("proportional", "equal")), ("min_batch", (0, 2))],
+)
+def test_plan_for_arguments_that_differ_between_ranks_are_named(name, values):
+    # Once found only later, as loaders that disagree on the plan.
+    profiles = [_profile(0, beta=0.001), _profile(1, beta=0.003, step_times=(0.04, 0.07))]
+    model, sample = nn.Linear(4, 2), (torch.randn(2, 4), torch.zeros(2, dtype=torch.long))
+
+    def work(comm):
+        given = {"global_batch": 64, "policy": "proportional", "min_batch": 0}
+        given[name] = values[comm.rank]
+        plan_for(model, nn.CrossEntropyLoss(), sample, comm, profiles=profiles, **given)
+
+    errors = _run_all(2, work)
+    assert len({str(e) for e in errors}) == 1 and errors[0] is not None, errors
+    assert f"plan_for got {name}={values[1]!r} on rank 1" in str(errors[0]), errors[0]
 
 
 def test_plan_for_profiles_the_real_model_on_every_rank():
