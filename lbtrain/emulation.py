@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from lbtrain.text import plural
+
 __all__ = [
     "Slowdown",
     "factor_at",
@@ -188,8 +190,9 @@ def parse_slowdowns(text: str | Sequence[float] | None, world_size: int) -> tupl
         factors = factors * world_size
     if len(factors) != world_size:
         raise ValueError(
-            f"--emulate-slowdown has {len(factors)} factors but the job has {world_size} "
-            f"ranks; give exactly {world_size} comma-separated factors (or one for all ranks)"
+            f"--emulate-slowdown has {len(factors)} factors but the job has "
+            f"{plural(world_size, 'rank')}; give one factor per rank, comma-separated (or one "
+            "for all ranks)"
         )
     for rank, factor in enumerate(factors):
         if not math.isfinite(factor) or factor <= 0:

@@ -27,7 +27,9 @@ def bytes_type(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--gradient-bytes {text!r} is not a number") from None
     if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"--gradient-bytes {text!r} must be >= 0")
+        raise argparse.ArgumentTypeError(
+            f"--gradient-bytes {text!r} must be a finite number >= 0, e.g. 100e6"
+        )
     return int(value)
 
 
@@ -72,7 +74,10 @@ def check_flags(args: argparse.Namespace) -> None:
     if args.scaling == "strong" and args.global_batch is None:
         raise ValueError("--scaling strong needs --global-batch (the batch it holds fixed)")
     if args.scaling is None and args.global_batch is None and not batch_swept:
-        raise ValueError("--global-batch is required (the samples of one step)")
+        raise ValueError(
+            "--global-batch is required (the samples of one step), e.g. --global-batch 256; "
+            "or ask for --scaling weak with --batch-per-device"
+        )
     if args.global_batch is None and args.sweep is not None and not batch_swept:
         raise ValueError("--sweep needs --global-batch (the samples of one step)")
     if args.parallelism and args.global_batch is None:

@@ -341,7 +341,11 @@ def load_profiles(
             "profile --output FILE`, or omit --profiles to profile now"
         ) from None
     except OSError as exc:
-        raise ProfileFileError(f"profile file {str(path)!r} cannot be read: {exc}") from None
+        what = "is a folder" if path.is_dir() else f"cannot be read ({exc.strerror})"
+        raise ProfileFileError(
+            f"profile file {str(path)!r} {what}; name the JSON file `lbtrain profile --output` "
+            "wrote"
+        ) from None
     except UnicodeDecodeError:
         raise ProfileFileError(
             f"profile file {str(path)!r} is not UTF-8 text, so not a profiles file; "

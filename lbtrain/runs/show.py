@@ -123,8 +123,8 @@ def _plan(run: Run) -> str:
     return (
         f"plan (plan.json, {when})\n"
         f"  policy {plan.get('policy')}, global batch {plan.get('global_batch_size')}, predicted "
-        f"step {_ms(plan.get('predicted_step_time'))} ms (slowest rank's compute + sync)\n"
-        + _indent(table)
+        f"step {_ms(plan.get('predicted_step_time'))} ms for a full global batch (slowest rank's "
+        "compute + sync)\n" + _indent(table)
     )
 
 
@@ -199,7 +199,8 @@ def _final(run: Run) -> str:
     error = summary.get("prediction_error_median")
     lines.append(
         f"step time: measured {_ms(summary.get('measured_step_seconds'))} ms, predicted "
-        f"{_ms(summary.get('predicted_step_seconds'))} ms"
+        f"{_ms(summary.get('predicted_step_seconds'))} ms a step on average (short last steps "
+        "included)"
         + (f"; median error from epoch 2 on {100 * error:.1f}%" if error is not None else "")
     )
     versions = summary.get("versions") or {}

@@ -246,7 +246,10 @@ def _read_plan(path: str) -> dict[str, Any]:
     except FileNotFoundError:
         raise ValueError(f"plan {path!r} does not exist; check the path") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"plan {path!r} is not a readable plan JSON ({exc})") from None
+        raise ValueError(
+            f"plan {path!r} is not a readable plan JSON ({exc}); name the plan.json of an "
+            "earlier run"
+        ) from None
 
 
 def _plan_from(data: Any, config: TrainConfig, world_size: int) -> BalancePlan:

@@ -167,7 +167,8 @@ def format_summary(
         error = summary.get("prediction_error_median")
         lines.append(
             f"  step time: measured {1e3 * measured:.2f} ms, predicted {1e3 * predicted:.2f} ms "
-            "(slowest rank's compute, then the sync)"
+            "a step on average, the short last step of each epoch included (slowest rank's "
+            "compute, then the sync)"
             + (f"; median error from epoch 2 on {100 * error:.1f}%" if error is not None else "")
         )
     replans = summary.get("replans", 0)

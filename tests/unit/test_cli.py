@@ -153,7 +153,7 @@ def test_bad_profile_files(content, needles, capsys, tmp_path):
         (["--devices", "tpu"], ("--devices", "unknown device 'tpu'", "auto")),
         (["--devices", "cuda:3"], ("cuda:3", "--devices cpu or auto")),
         (["--devices", "cuda"], ("CUDA is not available",)),
-        (["--emulate-slowdown", "1,2"], ("--emulate-slowdown", "2 factors", "1 ranks")),
+        (["--emulate-slowdown", "1,2"], ("--emulate-slowdown", "2 factors", "the job has 1 rank;")),
         (["--emulate-slowdown", "0"], ("--emulate-slowdown", "not positive")),
         (["--emulate-slowdown", "-1"], ("--emulate-slowdown", "not positive")),
         (["--workload", "nosuch"], ("--workload 'nosuch' is unknown", "patch-cnn")),

@@ -168,3 +168,11 @@ def test_a_plot_that_cannot_be_written_is_refused_before_the_prediction(capsys):
     assert main(argv, comm=SingleProcessCommunicator()) == 2
     out, err = capsys.readouterr()
     assert not out and len(err.splitlines()) == 1 and "--plot '/sys/lbtrain-test.png'" in err, err
+
+
+def test_a_profile_file_that_is_a_folder_and_a_nan_byte_count_name_the_fix(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"is a folder; name the JSON file"):
+        load_profiles(tmp_path)
+    with pytest.raises(SystemExit):
+        main([*_BASE[:5], "--gradient-bytes", "nan"], comm=SingleProcessCommunicator())
+    assert "must be a finite number >= 0" in capsys.readouterr().err
