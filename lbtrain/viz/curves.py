@@ -51,20 +51,43 @@ def _series(epochs: list[dict[str, Any]], key: str, scale: float = 1.0) -> tuple
     return [e for e, _ in points], [v for _, v in points]
 
 
+def _sizes_label(sizes: list[int]) -> str:
+    return "b=" + ",".join(str(b) for b in sizes)
+
+
+# A label's width as a share of a panel's, per character (8-point text, a panel ~4.5 in).
+_CHAR_SHARE = 0.016
+_LABEL_ROWS = 4
+
+
+def _label_rows(replans: list[tuple[int, list[int]]], last_epoch: int) -> list[int]:
+    """A row for each re-plan's label, the first one free where it starts (greedy)."""
+    ends = [-math.inf] * _LABEL_ROWS  # where each row's last label ends, in epochs
+    rows = []
+    for epoch, sizes in replans:
+        width = len(_sizes_label(sizes)) * _CHAR_SHARE * max(last_epoch, 1)
+        row = next((k for k, end in enumerate(ends) if end < epoch), len(rows) % _LABEL_ROWS)
+        ends[row] = epoch + width
+        rows.append(row)
+    return rows
+
+
 def _marks(axes: list[Any], records: list[dict[str, Any]]) -> int:
     """Draw the re-plan, resume and stop lines on every panel; return the number of re-plans."""
     replans = replan_epochs(records)
     resumes = resume_epochs(records)
     stops = [r for r in records if r["type"] == "stop" and isinstance(r.get("epoch"), int)]
+    rows = _label_rows(replans, max((r["epoch"] for r in epoch_records(records)), default=1))
     for axis in axes:
         for index, (epoch, sizes) in enumerate(replans):
             axis.axvline(epoch + 0.5, label="re-plan" if index == 0 else None, **_REPLAN_STYLE)
-            # The new sizes at the top of the panel, right of the line they start after.
+            # The new sizes at the top of the panel, right of the line they start after; a
+            # label that would overprint the one before goes a row lower.
             axis.annotate(
-                "b=" + ",".join(str(b) for b in sizes),
+                _sizes_label(sizes),
                 (epoch + 0.5, 1.0),
                 xycoords=("data", "axes fraction"),
-                xytext=(3, -3),
+                xytext=(3, -3 - 10 * rows[index]),
                 textcoords="offset points",
                 ha="left",
                 va="top",

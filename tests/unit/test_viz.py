@@ -464,3 +464,13 @@ def test_step_trace_room_is_what_adding_an_epoch_would_keep(max_steps, every, sa
         room = trace.room(epoch)
         kept = sum(trace.add(epoch, s, [("compute", s, s + 0.5)]) for s in range(per_epoch))
         assert kept == min(room, per_epoch), epoch
+
+
+def test_re_plan_labels_close_together_take_rows_of_their_own():
+    # Three re-plans in five epochs of 250 once overprinted one another, unreadable.
+    from lbtrain.viz.curves import _label_rows
+
+    close = [(117, [22, 42]), (119, [40, 24]), (122, [33, 31])]
+    assert _label_rows(close, 250) == [0, 1, 2]
+    apart = [(10, [22, 42]), (120, [40, 24]), (230, [33, 31])]
+    assert _label_rows(apart, 250) == [0, 0, 0]
