@@ -60,14 +60,14 @@ def plot_report(report: BalanceReport, path: str | os.PathLike[str]) -> Path:
             linewidth=1,
             label="ideal compute",
         )
-        for rank, b, top in zip(ranks, result.plan.batch_sizes, compute, strict=True):
-            axis.annotate(f"b={b}", (rank, top), ha="center", va="bottom", fontsize=8)
         axis.set_title(
             f"{result.policy}: {1e3 * result.predicted_step_time:.1f} ms/step\n"
             f"{result.speedup_over_equal:.2f}x vs equal, {100 * result.efficiency:.0f}% eff."
         )
-        axis.set_xlabel("rank")
-        axis.set_xticks(ranks)
+        axis.set_xlabel("rank (its batch)")
+        # Under the axis, where no bar top, idle part or ideal line can cover the batch.
+        labels = [f"{r}\nb={b}" for r, b in zip(ranks, result.plan.batch_sizes, strict=True)]
+        axis.set_xticks(ranks, labels)
     axes[0][0].set_ylabel("predicted time per step (ms)")
     # The last panel is usually the best-balanced one, with room above its low bars.
     axes[0][-1].legend(loc="upper right")
