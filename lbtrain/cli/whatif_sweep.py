@@ -29,18 +29,21 @@ def sweep_type(text: str) -> Sweep:
 
 def format_sweep(axis: str, points: list[SweepPoint]) -> str:
     """One row per value: batch, step and its split, the sync's share, throughput, efficiency."""
+    # The batch axis is its own batch column (once it was printed twice).
+    batch = axis != "batch"
     lines = [
         "",
         f"sweep of the {_WHAT[axis]} (everything else as above):",
-        f"{axis:>18}{'batch':>10}{'step ms':>12}{'compute ms':>12}{'sync ms':>10}"
-        f"{'sync %':>8}{'samples/s':>14}{'of ideal':>10}",
-    ]
+        f"{axis:>18}" + (f"{'batch':>10}" if batch else "")
+        + f"{'step ms':>12}{'compute ms':>12}{'sync ms':>10}{'sync %':>8}{'samples/s':>14}"
+        f"{'of ideal':>10}",
+    ]  # fmt: skip
     for point in points:
         p = point.prediction
         lines.append(
-            f"{point.label:>18}{p.global_batch:>10,}{1e3 * p.step:>12.3f}"
-            f"{1e3 * p.compute:>12.3f}{1e3 * p.sync:>10.3f}{p.sync / p.step:>8.1%}"
-            f"{p.throughput:>14,.0f}{p.efficiency:>10.1%}"
+            (f"{point.label:>18}{p.global_batch:>10,}" if batch else f"{p.global_batch:>18,}")
+            + f"{1e3 * p.step:>12.3f}{1e3 * p.compute:>12.3f}{1e3 * p.sync:>10.3f}"
+            f"{p.sync / p.step:>8.1%}{p.throughput:>14,.0f}{p.efficiency:>10.1%}"
         )
     return "\n".join(lines)
 
