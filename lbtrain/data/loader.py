@@ -186,5 +186,5 @@ def balanced_loader(
         pin_memory=pin_memory,
         # Each iter() of a DataLoader draws a seed from its generator; with torch's global one
         # that would shift every dropout mask after it, and so change a resumed run.
-        generator=torch.Generator().manual_seed(seed),
+        generator=torch.Generator().manual_seed(seed % 2**64),
     )

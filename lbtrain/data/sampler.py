@@ -187,7 +187,9 @@ class BalancedBatchSampler(Sampler[list[int]]):
         if not self.shuffle:
             return torch.arange(self.num_samples)
         generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
+        # torch takes seeds modulo 2**64 (a negative one as its two's complement) but refuses
+        # those outside [-2**63, 2**64): reduce here, and every seed has its permutation.
+        generator.manual_seed((self.seed + self.epoch) % 2**64)
         return torch.randperm(self.num_samples, generator=generator)
 
     def __iter__(self) -> Iterator[list[int]]:

@@ -203,3 +203,22 @@ def test_zero_share_loader_yields_empty_batches_of_the_right_shape_every_step(it
         assert x.shape == (0, 3) and y.shape == (0,) and y.dtype == torch.long
     assert idle.weight == 0.0 and set(idle.step_weights) == {0.0}
     assert sum(len(x) for x, _ in busy) == 20
+
+
+def test_any_whole_seed_draws_a_permutation_and_small_ones_are_unchanged():
+    # torch refuses seeds from 2**64 on ("Overflow when unpacking long long").
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from lbtrain import balanced_loader
+
+    data = TensorDataset(torch.arange(16))
+
+    def order(seed: int) -> list[int]:
+        loader = balanced_loader([1.0], data, global_batch_size=16, rank=0, seed=seed)
+        return next(iter(loader))[0].tolist()
+
+    assert sorted(order(2**64 + 3)) == list(range(16))
+    assert order(2**64 + 3) == order(3)
+    expected = torch.randperm(16, generator=torch.Generator().manual_seed(3)).tolist()
+    assert order(3) == expected
