@@ -236,7 +236,8 @@ def plan_batches(
     if global_batch_size < count * floor:
         raise ValueError(
             f"global_batch_size={global_batch_size} is smaller than {count} replicas x "
-            f"{floor} (the least policy {policy!r} gives each with min_batch={min_batch}); "
+            f"{floor} (policy {policy!r} gives every replica at least "
+            f"{'min_batch' if floor == min_batch else 'one sample'}); "
             f"raise the global batch to at least {count * floor} or use fewer replicas"
         )
     replicas = _merge_caps(replicas, caps)
