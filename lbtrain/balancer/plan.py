@@ -237,7 +237,12 @@ def plan_batches(
         raise ValueError(
             f"global_batch_size={global_batch_size} is smaller than {count} replicas x "
             f"{floor} (policy {policy!r} gives every replica at least "
-            f"{'min_batch' if floor == min_batch else 'one sample'}); "
+            + (
+                f"min_batch={min_batch}"
+                if floor == min_batch
+                else f"1, above min_batch={min_batch}"
+            )
+            + "); "
             f"raise the global batch to at least {count * floor} or use fewer replicas"
         )
     replicas = _merge_caps(replicas, caps)

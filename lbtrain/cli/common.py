@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -72,14 +73,15 @@ def check_writable(path: str, option: str) -> None:
         raise ValueError(
             f"{option} {path!r}: folder {str(folder)!r} is not writable; choose another"
         )
-    target = Path(path).expanduser()
-    if not target.exists():
-        # Permission bits do not tell everything (a read-only mount, /sys, root's access()):
-        # create the file and take it away again, so the write fails now, not after the work.
-        with writing(option, path):
-            with target.open("xb"):
+    # Permission bits do not tell everything (a read-only mount, /sys, root's access()): a
+    # file of our own is made and taken away in that folder, so the write fails now, not
+    # after the work. (Not the target's name: it may be a link, or another's to create.)
+    with writing(option, path):
+        try:
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".lbtrain-probe-"):
                 pass
-            target.unlink()
+        except OSError as exc:  # named by its folder: the probe's name means nothing to a user
+            raise OSError(exc.errno, exc.strerror, str(folder)) from None
 
 
 # Image formats matplotlib writes (its savefig picks the format from the file's extension).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -107,8 +107,10 @@ def plan_for(
     agree(comm, check)
     # Each rank plans on its own: arguments that differ would give plans that differ, found
     # only later as "the ranks' loaders disagree on the plan", far from the cause.
+    if isinstance(caps, Iterable) and not isinstance(caps, str | bytes):
+        caps = list(caps)  # read a generator once, for the comparison and the plan alike
     given = {"global_batch": global_batch, "policy": policy, "min_batch": min_batch,
-             "caps": None if caps is None else list(caps)}  # fmt: skip
+             "caps": caps}  # fmt: skip
     rows = comm.allgather(given)
     agree(comm, lambda: _same_arguments(rows), name_rank=False)
     if profiles is None:

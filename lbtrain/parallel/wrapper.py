@@ -286,7 +286,7 @@ class BalancedDataParallel(nn.Module):
 
 def _no_new_batch(rank: int, handed_out: int) -> str:
     drawn = (
-        f"the last of its {handed_out} batches is synced already"
+        f"none since batch {handed_out}, which was synced or drawn before the model was wrapped"
         if handed_out
         else "it has handed out no batch yet"
     )
@@ -304,7 +304,7 @@ def _bucket_disagreement(layouts: list[list[int]]) -> str | None:
             return (
                 f"rank {rank} cuts the gradients into {_buckets(layout)} and rank 0 into "
                 f"{_buckets(layouts[0])}: pass the same bucket_mb and overlap to "
-                "BalancedDataParallel on every rank"
+                "BalancedDataParallel on every rank, each rank's model on one device"
             )
     return None
 

@@ -117,11 +117,12 @@ class Run:
 
     @property
     def replan_count(self) -> int:
-        """How many times the plan changed over the whole run: summary.json's count, which a
-        run resumed into a new folder carries over; else the re-plans in metrics.jsonl."""
-        if self.summary and isinstance(self.summary.get("replans"), int):
-            return int(self.summary["replans"])
-        return len(self.replans)
+        """How many times the plan changed over the whole run: summary.json's count (a run
+        resumed into a new folder carries it over), or metrics.jsonl's where that is more."""
+        counted = self.summary.get("replans") if self.summary else None
+        # A resume on another number of ranks starts the summary's count again, while the
+        # folder's metrics.jsonl keeps the earlier re-plans: the larger is the run's.
+        return max(counted if isinstance(counted, int) else 0, len(self.replans))
 
     @property
     def epochs_done(self) -> int:
@@ -300,11 +301,8 @@ def _checked(path: Path, what: str, fields: dict[str, tuple[type, ...]]) -> dict
             wanted = " or ".join(_KIND_NAMES[kind] for kind in kinds)
             raise _damaged(path, f"its {key!r} is {field!r:.40}, not {wanted}")
     if value is not None:
-        metrics = value.get("metrics") or {}
+        # (The metrics' values are whatever the workload's evaluator gives: any JSON.)
         ranks = value.get("ranks") or []
-        numbers = all(v is None or isinstance(v, _NUMBER) for v in metrics.values())
-        if what == "run summary" and not numbers:
-            raise _damaged(path, "its 'metrics' holds a value that is not a number")
         if not all(isinstance(row, dict) for row in ranks):
             raise _damaged(path, "its 'ranks' holds an entry that is not a JSON object")
     return value

@@ -35,6 +35,7 @@ class TraceCallback(Callback):
         self.path, self.labels, self.write = path, labels, write
         self.trace = StepTrace(TRACE_STEPS, every_epoch=10)
         self.t0 = 0.0
+        self.alone = False
         self.plans: list[tuple[int, ...]] = []  # the batches of the steps recorded, in order
         self.pending: list[tuple[int, int, Any, tuple[int, ...]]] = []  # this epoch's steps
 
@@ -42,6 +43,7 @@ class TraceCallback(Callback):
         self.pending = []  # nothing left over from a fit an exception ended
         engine.comm.barrier()  # every rank's clock starts at the same moment, near enough
         self.t0 = engine.timer.now()
+        self.alone = engine.comm.size == 1  # no rank to wait for: as the epoch records count
 
     def on_step_end(
         self, engine: Engine, control: Control, times: StepTimes | PendingTimes
@@ -60,9 +62,11 @@ class TraceCallback(Callback):
         t0 = self.t0
         for epoch, step, pending, batches in self.pending:
             times = pending.resolve()
+            # One rank: its control step is compute (it waits for no one), one span.
+            computed = times.waited if self.alone else times.computed
             phases = (
-                ("compute", times.start - t0, times.computed - t0),
-                ("wait", times.computed - t0, times.waited - t0),
+                ("compute", times.start - t0, computed - t0),
+                *((("wait", times.computed - t0, times.waited - t0),) if not self.alone else ()),
                 ("sync", times.waited - t0, times.synced - t0),
                 ("optimizer", times.synced - t0, times.done - t0),
             )

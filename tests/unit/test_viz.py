@@ -10,6 +10,7 @@ import json
 import math
 import pickle
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -474,3 +475,19 @@ def test_re_plan_labels_close_together_take_rows_of_their_own():
     assert _label_rows(close, 250) == [0, 1, 2]
     apart = [(10, [22, 42]), (120, [40, 24]), (230, [33, 31])]
     assert _label_rows(apart, 250) == [0, 0, 0]
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_lone_rank_traces_its_control_step_as_compute_as_its_records_count_it(alone):
+    from lbtrain.trainer.observers import TraceCallback
+    from lbtrain.trainer.timing import StepTimes
+
+    trace = TraceCallback(Path("unused.json"), ["rank 0"], write=None)
+    trace.alone, trace.t0 = alone, 0.0
+    trace.pending = [(1, 1, StepTimes(0.0, 1.0, 1.5, 2.0, 2.5, samples=4), (4,))]
+    trace._flush()
+    spans = {name: (start, end) for *_, name, start, end in trace.trace.spans()}
+    if alone:
+        assert spans == {"compute": (0.0, 1.5), "sync": (1.5, 2.0), "optimizer": (2.0, 2.5)}
+    else:
+        assert spans["compute"] == (0.0, 1.0) and spans["wait"] == (1.0, 1.5)

@@ -176,3 +176,21 @@ def test_a_profile_file_that_is_a_folder_and_a_nan_byte_count_name_the_fix(tmp_p
     with pytest.raises(SystemExit):
         main([*_BASE[:5], "--gradient-bytes", "nan"], comm=SingleProcessCommunicator())
     assert "must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_the_write_probe_names_the_folder_and_lets_a_dangling_link_through(tmp_path, monkeypatch):
+    import tempfile
+
+    from lbtrain.cli.common import check_writable
+
+    link = tmp_path / "plot.png"
+    link.symlink_to(tmp_path / "missing.png")  # the write replaces it: not a refusal
+    check_writable(str(link), "--plot")
+    assert list(tmp_path.iterdir()) == [link]  # the probe left nothing behind
+
+    def read_only(*args, **kwargs):  # a read-only mount, where access() still says yes
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", read_only)
+    with pytest.raises(ValueError, match=rf"cannot be written \({tmp_path}: Read-only file"):
+        check_writable(str(tmp_path / "x.png"), "--plot")
