@@ -308,7 +308,7 @@ def _edited(file: str, edit) -> object:
         ("show", _edited("summary.json", lambda d: {**d, "ranks": 5}), ("'ranks' is 5",)),
         ("show", _edited("plan.json", lambda d: {**d, "policy": 3}), ("'policy' is 3",)),
         ("show", _edited("metrics.jsonl", '{"type": "epoch", "epoch": "x"}'), ("epoch is 'x'",)),
-        ("compare", _edited("summary.json", lambda d: {**d, "metrics": {"oa": "x"}}), ("not a",)),
+        ("compare", _edited("summary.json", lambda d: {**d, "metrics": [1]}), ("'metrics' is",)),
         ("show", lambda tmp, runs: str(tmp / "nope"), ("does not exist", "runs/<date-time>")),
         ("show", lambda tmp, runs: _not_a_run(tmp), ("is not a run folder", "summary.json")),
         ("show", _damaged, ("summary.json' is damaged", "restore it")),
@@ -317,7 +317,7 @@ def _edited(file: str, edit) -> object:
         ("show", lambda tmp, runs: str(runs["scene"].parent), ("holds runs", "scene")),
     ],
     ids=[
-        *("ranks-not-a-list", "policy-not-a-string", "epoch-not-a-count", "metric-not-a-number"),
+        *("ranks-not-a-list", "policy-not-a-string", "epoch-not-a-count", "metrics-not-an-object"),
         *("missing", "not-a-run", "damaged-json", "damaged-jsonl", "compare-missing"),
         "runs-parent",
     ],
@@ -340,3 +340,12 @@ def test_help_explains_the_verb_with_an_example(verb, capsys):
     assert info.value.code == 0
     text = capsys.readouterr().out
     assert f"lbtrain {verb} runs/20261125-122914" in text and "RUN" in text
+
+
+def test_a_workloads_headline_metrics_of_any_json_kind_show(runs, tmp_path, capsys):
+    # A plugin's evaluator may give lists or strings; such a run is not damaged.
+    metrics = {"accuracy": 0.9, "per_class": [0.5, 1.0], "worst": "class 3"}
+    folder = _edited("summary.json", lambda d: {**d, "metrics": metrics})(tmp_path, runs)
+    for verb in (["show", folder], ["compare", str(runs["finished"]), folder]):
+        code, out, err = _cli(capsys, *verb)
+        assert code == 0 and not err, err
