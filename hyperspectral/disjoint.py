@@ -161,6 +161,51 @@ def disjoint_parts(gt: np.ndarray, train_ratio: float, patch_size: int, seed: in
         patch_size: the odd patch size the model will use; the guard band is half of it.
         seed: seed of the fan of directions.
     """
+    parts = _parts(gt, train_ratio, patch_size, seed)
+    k = int(gt.max(initial=0))
+    totals = np.bincount(gt.ravel(), minlength=k + 1)[1:]
+    trained = _class_count(gt, parts.train, k)
+    testing = _testing_patches(gt, train_ratio, patch_size, seed, parts.train_only)
+    for c in parts.train_only:
+        smaller = testing.get(c)
+        fix = (
+            f"--patch-size {smaller} would test it (the largest smaller patch that does)"
+            if smaller
+            else "no smaller patch size tests it"
+        )
+        warnings.warn(
+            f"disjoint split: class {c} ({totals[c - 1]} pixel{'s' if totals[c - 1] > 1 else ''})"
+            f" lies within {patch_size // 2} pixels of training pixels (its own or another "
+            f"class's) at patch {patch_size}: it trains on {int(trained[c - 1])} and is not "
+            f"tested (OA and AA leave it out); {fix}",
+            stacklevel=2,
+        )
+    return parts
+
+
+def _testing_patches(
+    gt: np.ndarray, train_ratio: float, patch_size: int, seed: int, classes: list[int]
+) -> dict[int, int]:
+    """For each of `classes`, the largest odd patch below `patch_size` whose split tests it.
+
+    Found by splitting again at each smaller patch (a split of a scene takes milliseconds):
+    the guard band comes from every class's training pixels, and the slices chosen change
+    with the patch, so no bound on the class alone is reliable.
+    """
+    found: dict[int, int] = {}
+    left = set(classes)
+    for patch in range(patch_size - 2, 0, -2):
+        if not left:
+            break
+        untested = set(_parts(gt, train_ratio, patch, seed).train_only)
+        for c in sorted(left - untested):
+            found[c] = patch
+        left &= untested
+    return found
+
+
+def _parts(gt: np.ndarray, train_ratio: float, patch_size: int, seed: int) -> DisjointParts:
+    """The split of `disjoint_parts`, without a word."""
     radius = patch_size // 2
     k = int(gt.max(initial=0))
     totals = np.bincount(gt.ravel(), minlength=k + 1)[1:]
@@ -184,21 +229,6 @@ def disjoint_parts(gt: np.ndarray, train_ratio: float, patch_size: int, seed: in
     test = (gt > 0) & ~_near(train, radius)
     tested = _class_count(gt, test, k)
     train_only = [c for c in present if tested[c - 1] == 0]
-    for c in train_only:
-        largest = largest_testable_patch(gt == c, train_ratio, angles)
-        fix = (
-            f"a --patch-size of {largest} or less would test it"
-            if largest
-            else "no patch size can test it"
-        )
-        warnings.warn(
-            f"disjoint split: class {c} ({totals[c - 1]} pixel{'s' if totals[c - 1] > 1 else ''})"
-            f" lies within {radius} pixels "
-            f"of its own training pixels at patch {patch_size}: it trains on "
-            f"{int(_class_count(gt, train, k)[c - 1])} and is not tested (OA and AA leave it "
-            f"out); {fix}",
-            stacklevel=2,
-        )
     return DisjointParts(train, test, train_only)
 
 

@@ -200,6 +200,26 @@ def test_disjoint_split_of_real_indian_pines_works_at_every_patch_and_never_over
     assert len(untested) <= 4 and split.test.size > 2000
 
 
+def test_the_patch_a_warning_suggests_is_smaller_and_tests_the_class(indian_pines_gt):
+    # Once a bound on the class alone: "35 or less" at patch 29 (larger, and still
+    # untested), "261 or less" on a scene 145 wide. Other classes' training pixels guard it too.
+    import re
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        disjoint_split(indian_pines_gt, 0.1, 29, seed=0)
+    suggested = {
+        int(str(w.message).split()[3]): int(re.search(r"--patch-size (\d+)", str(w.message))[1])
+        for w in caught
+    }
+    assert suggested and all(p < 29 for p in suggested.values()), suggested
+    for c, patch in suggested.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            split = disjoint_split(indian_pines_gt, 0.1, patch, seed=0)
+        assert c not in split.meta["train_only"], (c, patch)
+
+
 def test_largest_testable_patch_is_the_last_patch_that_tests_a_class_alone():
     from hyperspectral.disjoint import largest_testable_patch
 
@@ -216,7 +236,7 @@ def test_largest_testable_patch_is_the_last_patch_that_tests_a_class_alone():
         assert split.meta["train_only"] == ([] if tested else [1])
         assert bool(caught) != tested
         if not tested:
-            assert "a --patch-size of 17 or less would test it" in str(caught[0].message)
+            assert "--patch-size 17 would test it" in str(caught[0].message)
     assert largest_testable_patch(strip == 0, 0.5) is not None
     single = np.zeros((5, 5), bool)
     single[2, 2] = True
