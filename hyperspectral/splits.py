@@ -227,6 +227,9 @@ def load_split(path: str | Path, gt: np.ndarray | None = None) -> Split:
     """
     try:
         with np.load(path, allow_pickle=False) as data:
+            for name in ("train", "test"):
+                if data[name].dtype.kind not in "iu":  # float pixel numbers: a hand edit
+                    raise TypeError(f"its {name} indices are {data[name].dtype}, not integers")
             split = Split(
                 train=data["train"].astype(np.int64),
                 test=data["test"].astype(np.int64),
@@ -240,6 +243,12 @@ def load_split(path: str | Path, gt: np.ndarray | None = None) -> Split:
             f"cannot read split file {path} ({type(exc).__name__}: {exc}); pass the split.npz "
             "that an earlier run wrote into its --out folder"
         ) from exc
+    for name, idx in (("train", split.train), ("test", split.test)):
+        if np.unique(idx).size != idx.size:  # a pixel trained twice, or scored twice
+            raise ValueError(
+                f"split {path}: some {name} pixels are listed twice; make a new split, or pass "
+                "the split.npz an earlier run wrote"
+            )
     if np.intersect1d(split.train, split.test).size:
         raise ValueError(f"split {path}: some pixels are in both train and test; make a new split")
     if gt is not None:

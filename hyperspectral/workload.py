@@ -41,7 +41,14 @@ from lbtrain.workloads import (
     keep_batch,
 )
 
-from .checks import check_sizes, check_split, new_model, published_shape, warn_untested
+from .checks import (
+    check_sizes,
+    check_split,
+    check_split_options,
+    new_model,
+    published_shape,
+    warn_untested,
+)
 from .datasets import Scene, get_scene, load_scene, search_dirs
 from .maps import require_matplotlib, save_map
 from .metrics import format_table, metrics_from_confusion
@@ -195,8 +202,7 @@ def _settle(options: Mapping[str, Any]) -> dict[str, Any]:
     split_file = opts["split_file"]
     if opts["map"]:
         require_matplotlib()  # fail now, not after a long training run
-    if split_file is None and opts["split"] == "fixed" and opts["train_per_class"] is None:
-        raise ValueError("--split fixed needs --train-per-class N (training pixels per class)")
+    check_split_options(opts)
     if split_file is not None and not Path(split_file).is_file():
         raise ValueError(
             f"--split-file {split_file}: no such file; pass the split.npz that an earlier run "

@@ -299,6 +299,17 @@ def test_damaged_or_inconsistent_split_files_are_one_clear_line(scene, tmp_path)
     path = save_split(shared, tmp_path / "shared.npz")
     with pytest.raises(ValueError, match="both train and test"):
         load_split(path, scene.gt)
+    # Once accepted: a pixel trained twice, one scored twice, float pixel numbers.
+    for name, train, test in (
+        ("train", np.concatenate([split.train, split.train[:3]]), split.test),
+        ("test", split.train, np.concatenate([split.test, split.test[:1]])),
+    ):
+        path = save_split(type(split)(train, test, split.shape), tmp_path / f"twice-{name}.npz")
+        with pytest.raises(ValueError, match=f"some {name} pixels are listed twice"):
+            load_split(path, scene.gt)
+    floats = type(split)(split.train.astype(float), split.test, split.shape)
+    with pytest.raises(ValueError, match="train indices are float64, not integers"):
+        load_split(save_split(floats, tmp_path / "floats.npz"), scene.gt)
 
 
 def test_disjoint_split_file_refuses_a_bigger_patch(scene, tmp_path):

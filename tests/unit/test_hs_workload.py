@@ -117,6 +117,9 @@ def test_converters_take_strings_and_toml_values():
         ({"pca": 40}, ("--pca 40", "32 bands")),
         ({"model": "hybridsn", "patch_size": 7}, ("--model hybridsn", "patch_size >= 9")),
         ({"split": "fixed"}, ("--split fixed", "--train-per-class")),
+        # Ignored, yet recorded in config.toml as the run's recipe:
+        ({"split": "disjoint", "train_per_class": 30}, ("--train-per-class 30", "--split fixed")),
+        ({"train_per_class": 10}, ("--train-per-class 10", "--split random")),
         ({"split_file": "/nonexistent/split.npz"}, ("--split-file", "no such file")),
         ({"ensemble": 0}, ("--ensemble 0", ">= 1")),
         ({"ensemble": "two"}, ("--ensemble 'two'", "a whole number")),
