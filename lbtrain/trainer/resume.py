@@ -125,10 +125,14 @@ def _check_resumable(config: TrainConfig, checkpoint: dict[str, Any]) -> None:
                 f"run asks for {name}={getattr(config, name)!r}; leave it out to continue, or "
                 "start a new run"
             )
-    if int(checkpoint["epoch"]) > config.epochs:
+    done, step = int(checkpoint["epoch"]), int(checkpoint["step"])
+    # A checkpoint taken mid-epoch holds steps of epoch done + 1: the run needs that many.
+    needed = done + 1 if step else done
+    if needed > config.epochs:
+        where = f"{plural(step, 'step')} into epoch {done + 1}" if step else f"at epoch {done}"
         raise ValueError(
-            f"resume {checkpoint['path']!r} is already at epoch {checkpoint['epoch']}, beyond "
-            f"epochs={config.epochs}; give epochs of at least {checkpoint['epoch']}"
+            f"resume {checkpoint['path']!r} is already {where}, beyond epochs={config.epochs}; "
+            f"give epochs of at least {needed}"
         )
     if int(checkpoint["epoch"]) == config.epochs and not int(checkpoint["step"]):
         _check_nothing_left_changes(config, checkpoint, theirs)

@@ -62,6 +62,17 @@ def test_resuming_fewer_epochs_than_done_is_refused(two_epochs, capsys):
     _one_error(code, err, "already at epoch 2", "--epochs 1")
 
 
+def test_a_mid_epoch_checkpoint_needs_the_epoch_it_stopped_in(two_epochs, capsys):
+    # Stopped 3 steps into epoch 2: --epochs 1 once said "all done; evaluating only" and
+    # scored a model that had trained 3 steps more than the run said.
+    path = list_checkpoints(two_epochs / "checkpoints")[-1]
+    checkpoint = load_checkpoint(path)
+    checkpoint.update(epoch=1, step=3)
+    torch.save(checkpoint, path)
+    code, _, err = _train(capsys, "--resume", str(two_epochs), "--epochs", "1")
+    _one_error(code, err, "already 3 steps into epoch 2", "--epochs 1", "at least 2")
+
+
 def test_an_older_checkpoint_cannot_continue_in_a_folder_with_newer_ones(two_epochs, capsys):
     older, newer = list_checkpoints(two_epochs / "checkpoints")
     code, _, err = _train(capsys, "--resume", str(older), "--epochs", "2")
