@@ -54,6 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv:
             print(f"error: unknown command {argv[0]!r}; the command is train", file=sys.stderr)
         return 2
+    given = {arg.partition("=")[0] for arg in argv[1:]}
+    for old, new in LEGACY_FLAGS.items():
+        if old in given and new in given:  # argparse would keep the later one, unsaid
+            print(USAGE, end="", file=sys.stderr)
+            print(f"error: {old} is the older name of {new}: give one of them", file=sys.stderr)
+            return 2
     # Imported here: it imports torch, which `python -m hyperspectral` tunes malloc for first.
     from lbtrain.cli.main import main as lbtrain_main
 

@@ -378,3 +378,19 @@ def test_map_without_matplotlib_is_one_line_before_training(monkeypatch, capsys,
     # Stopped while setting up: nothing profiled, trained or written.
     assert not any(out.rglob("*.pt")) and not (out / "profiles.json").exists()
     assert not (out / "metrics.json").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--scene", "indian_pines", "--dataset", "salinas"],
+        ["--batch-size=32", "--global-batch", "64"],
+    ],
+)
+def test_an_old_flag_beside_its_new_name_is_refused(argv, capsys):
+    # argparse kept the later one without a word.
+    from hyperspectral.cli import main
+
+    assert main(["train", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "is the older name of" in err and "give one of them" in err, err
