@@ -10,6 +10,7 @@ agent would end it, but other launchers do not).
 
 from __future__ import annotations
 
+import gc
 import sys
 
 import torch
@@ -49,6 +50,11 @@ def main() -> None:
     # One write per line: the ranks share the pipe, and print writes the newline apart.
     sys.stdout.write(f"rank {dist.get_rank()}: {said}\n")
     sys.stdout.flush()
+    # DDP's reducer holds the gloo group: freed only at interpreter exit, after the group
+    # is destroyed, its threads can abort the process ("terminate called without an active
+    # exception", exit -6). Free it first, as lbtrain's own close() does.
+    del model, loader
+    gc.collect()
     dist.destroy_process_group()
 
 
