@@ -129,10 +129,12 @@ def check_split_options(opts: Mapping[str, Any]) -> None:
     split_file, per_class = opts["split_file"], opts["train_per_class"]
     if split_file is None and opts["split"] == "fixed" and per_class is None:
         raise ValueError("--split fixed needs --train-per-class N (training pixels per class)")
-    if per_class is not None and (split_file is not None or opts["split"] != "fixed"):
+    # (A --split-file overrides both, as its help says: a fixed run's config.toml replayed
+    # with its split.npz keeps working.)
+    if per_class is not None and split_file is None and opts["split"] != "fixed":
         # Ignored there, yet config.toml would record it as the run's recipe.
-        used = "--split-file's split" if split_file is not None else f"--split {opts['split']}"
         raise ValueError(
-            f"--train-per-class {per_class} sizes a fixed split, and {used} does not read "
-            "it: add --split fixed, or drop --train-per-class"
+            f"--train-per-class {per_class} sizes a fixed split, and --split {opts['split']} "
+            "does not read it: add --split fixed, or drop --train-per-class (--train-per-class "
+            "none, where a config.toml or checkpoint carries it)"
         )

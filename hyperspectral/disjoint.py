@@ -165,7 +165,9 @@ def disjoint_parts(gt: np.ndarray, train_ratio: float, patch_size: int, seed: in
     k = int(gt.max(initial=0))
     totals = np.bincount(gt.ravel(), minlength=k + 1)[1:]
     trained = _class_count(gt, parts.train, k)
-    testing = _testing_patches(gt, train_ratio, patch_size, seed, parts.train_only)
+    # No test pixel at all is refused by the caller: no suggestion is worth the search then.
+    untested = parts.train_only if parts.test.any() else []
+    testing = _testing_patches(gt, train_ratio, patch_size, seed, untested)
     for c in parts.train_only:
         smaller = testing.get(c)
         fix = (

@@ -119,7 +119,7 @@ def test_converters_take_strings_and_toml_values():
         ({"split": "fixed"}, ("--split fixed", "--train-per-class")),
         # Ignored, yet recorded in config.toml as the run's recipe:
         ({"split": "disjoint", "train_per_class": 30}, ("--train-per-class 30", "--split fixed")),
-        ({"train_per_class": 10}, ("--train-per-class 10", "--split random")),
+        ({"train_per_class": 10}, ("--train-per-class 10", "--split random", "none")),
         ({"split_file": "/nonexistent/split.npz"}, ("--split-file", "no such file")),
         ({"ensemble": 0}, ("--ensemble 0", ">= 1")),
         ({"ensemble": "two"}, ("--ensemble 'two'", "a whole number")),
@@ -394,3 +394,12 @@ def test_an_old_flag_beside_its_new_name_is_refused(argv, capsys):
     assert main(["train", *argv]) == 2
     err = capsys.readouterr().err
     assert "is the older name of" in err and "give one of them" in err, err
+
+
+def test_a_split_file_overrides_a_recorded_train_per_class():
+    # A fixed run's config.toml replayed with its split.npz (the docs' way to compare runs
+    # on the same pixels) carries --train-per-class: the split file wins, as its help says.
+    from hyperspectral.checks import check_split_options
+
+    for split in ("fixed", "random"):
+        check_split_options({"split_file": "run/split.npz", "split": split, "train_per_class": 30})
