@@ -295,16 +295,16 @@ _PLAN_FIELDS: dict[str, tuple[type, ...]] = {
 def _checked(path: Path, what: str, fields: dict[str, tuple[type, ...]]) -> dict[str, Any] | None:
     """The JSON object at `path`, its fields checked against `fields` (a hand edit, say)."""
     value = _json(path, what)
+    if value is None:
+        return None
     for key, kinds in fields.items():
-        field = None if value is None else value.get(key)
+        field = value.get(key)
         if field is not None and (isinstance(field, bool) or not isinstance(field, kinds)):
-            wanted = " or ".join(_KIND_NAMES[kind] for kind in kinds)
+            wanted = "a number" if float in kinds else _KIND_NAMES[kinds[0]]
             raise _damaged(path, f"its {key!r} is {field!r:.40}, not {wanted}")
-    if value is not None:
-        # (The metrics' values are whatever the workload's evaluator gives: any JSON.)
-        ranks = value.get("ranks") or []
-        if not all(isinstance(row, dict) for row in ranks):
-            raise _damaged(path, "its 'ranks' holds an entry that is not a JSON object")
+    # (The metrics' values are whatever the workload's evaluator gives: any JSON.)
+    if not all(isinstance(row, dict) for row in value.get("ranks") or []):
+        raise _damaged(path, "its 'ranks' holds an entry that is not a JSON object")
     return value
 
 
@@ -312,7 +312,6 @@ _KIND_NAMES = {
     dict: "a JSON object",
     list: "a list",
     int: "a whole number",
-    float: "a number",
     str: "a string",
 }
 
