@@ -14,7 +14,13 @@ from lbtrain.balancer.checks import flag, whole
 from lbtrain.balancer.rounding import largest_remainder
 from lbtrain.text import plural
 
-__all__ = ["BalancedBatchSampler", "disagreement", "epoch_schedule", "fingerprint"]
+__all__ = [
+    "BalancedBatchSampler",
+    "disagreement",
+    "epoch_schedule",
+    "fingerprint",
+    "steps_per_epoch",
+]
 
 # What every rank's sampler must share, or the ranks take different steps (and one waits
 # in a collective for another that has finished) or cover the data twice.
@@ -34,21 +40,30 @@ def epoch_schedule(
     """
     full = plan.global_batch_size
     steps = num_samples // full
-    tail = num_samples - steps * full
     bounds = [(k * full, (k + 1) * full) for k in range(steps)]
-    if tail and not drop_last:
-        # world_size, not the ranks with a share: the step count must not depend on the plan,
-        # so that re-planning keeps every rank's step count (and the LR schedule) as it was.
-        if tail >= plan.world_size or not bounds:
-            bounds.append((steps * full, num_samples))
-        else:
-            bounds[-1] = (bounds[-1][0], num_samples)
+    if steps_per_epoch(num_samples, full, plan.world_size, drop_last) > steps:
+        bounds.append((steps * full, num_samples))
+    elif bounds and not drop_last:
+        bounds[-1] = (bounds[-1][0], num_samples)  # a tail shorter than the world joins it
     schedule = []
     for start, stop in bounds:
         size = stop - start
         shares = plan.batch_sizes if size == full else _split_like(plan, size)
         schedule.append((start, stop, tuple(shares)))
     return schedule
+
+
+def steps_per_epoch(
+    num_samples: int, global_batch: int, world_size: int, drop_last: bool = False
+) -> int:
+    """How many global batches an epoch has: a short tail is a step of its own when it holds
+    at least one sample per rank (or is all there is), else it joins the step before."""
+    steps, tail = divmod(num_samples, global_batch)
+    # world_size, not the ranks with a share: the step count must not depend on the plan,
+    # so that re-planning keeps every rank's step count (and the LR schedule) as it was.
+    if tail and not drop_last and (tail >= world_size or not steps):
+        steps += 1
+    return steps
 
 
 def _split_like(plan: BalancePlan, size: int) -> list[int]:

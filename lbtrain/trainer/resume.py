@@ -10,6 +10,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
+from lbtrain.data.sampler import steps_per_epoch
 from lbtrain.text import plural
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import TrainConfig
@@ -89,6 +90,7 @@ def check_trainable(
         raise ValueError("the evaluation set is empty; the workload's split left no test data")
     if checkpoint is not None:
         _check_resumable(config, checkpoint)
+        _check_mid_epoch_step(config, checkpoint, samples, world_size)
         theirs, ours = dict(checkpoint.get("signature", {})), dict(workload.signature)
         if theirs != ours:
             diff = ", ".join(
@@ -142,6 +144,26 @@ def _check_resumable(config: TrainConfig, checkpoint: dict[str, Any]) -> None:
             f"resume {checkpoint['path']!r} stopped mid-epoch with global_batch={saved_batch}; "
             f"continue with that global_batch (asked: {config.global_batch}), or resume from "
             "a checkpoint taken at the end of an epoch"
+        )
+
+
+def _check_mid_epoch_step(
+    config: TrainConfig, checkpoint: dict[str, Any], samples: int, world_size: int
+) -> None:
+    """A mid-epoch checkpoint at the last step of an epoch that has one step more on its own
+    world size than on this one (a tail of fewer samples than ranks joins the step before):
+    resuming would end the epoch at once and skip the tail's samples."""
+    step, saved = int(checkpoint["step"]), len(checkpoint.get("ranks") or [])
+    steps = steps_per_epoch(samples, config.global_batch, world_size)
+    if step and step >= steps:
+        tail = samples - step * config.global_batch
+        there = plural(saved, "rank") if saved else "the ranks it ran on"
+        raise ValueError(
+            f"resume {checkpoint['path']!r} stopped before the last step of epoch "
+            f"{int(checkpoint['epoch']) + 1}, a tail of {plural(tail, 'sample')}; on "
+            f"{plural(world_size, 'rank')} that tail joins the step before, which is done, so "
+            f"it would be skipped; resume on {there}, "
+            "or from a checkpoint taken at the end of an epoch"
         )
 
 

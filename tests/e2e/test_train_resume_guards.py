@@ -14,6 +14,7 @@ import torch
 
 from lbtrain import SingleProcessCommunicator
 from lbtrain.cli.main import main
+from lbtrain.comm.local import run_ranks
 from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
 
 BASE = [
@@ -199,3 +200,27 @@ def _train_loud(capsys, *args: str) -> tuple[int, str, str]:
     code = main([*(a for a in BASE if a != "--quiet"), *args], comm=SingleProcessCommunicator())
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def test_a_mid_epoch_step_this_world_size_does_not_have_is_refused(tmp_path, capsys):
+    """200 samples in global batches of 199: one rank takes a second step of the last sample,
+    two ranks merge it into the first. A checkpoint taken after the first step on one rank,
+    resumed on two, once ended the epoch at once and skipped that sample with exit 0."""
+    out = tmp_path / "run"
+    code, _, err = _train(capsys, "--global-batch", "199", "--epochs", "2", "--out", str(out))
+    assert code == 0, err
+    path = list_checkpoints(out / "checkpoints")[-1]
+    checkpoint = load_checkpoint(path)
+    checkpoint.update(epoch=1, step=1)  # one step into epoch 2, its tail step to come
+    torch.save(checkpoint, path)
+    args = [*BASE, "--global-batch", "199", "--epochs", "2", "--resume", str(out)]
+    results = run_ranks(2, lambda comm: main(args, comm=comm), timeout=60)
+    assert [r.value for r in results] == [2, 2], [r.error for r in results]
+    _one_error(
+        2, capsys.readouterr().err, "before the last step of epoch 2", "a tail of 1 sample",
+        "on 2 ranks", "resume on 1 rank",
+    )  # fmt: skip
+    # On its own world size the tail step trains, and the run ends its second epoch.
+    code, _, err = _train(capsys, "--global-batch", "199", "--epochs", "2", "--resume", str(out))
+    assert code == 0, err
+    assert load_checkpoint(list_checkpoints(out / "checkpoints")[-1])["epoch"] == 2
