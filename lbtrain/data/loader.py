@@ -21,8 +21,9 @@ class BalancedLoader(DataLoader):
 
     Iterate it like any DataLoader. While iterating, `weight` holds the current step's
     b_i / B_step, the factor to pass to `sync_gradients` (`step_weights` lists them all);
-    `samples` and `global_samples` hold b_i and B_step themselves, and `batches` counts the
-    batches handed out since the loader was made (`BalancedDataParallel` reads all four).
+    `samples` and `global_samples` hold b_i and B_step themselves, `batches` counts the
+    batches handed out since the loader was made, and `epoch` and `step` place the latest
+    one in its epoch (`BalancedDataParallel` reads them all).
 
     A rank whose share is zero (`empty`) still yields one batch per step, so it takes the
     same steps as the others: a batch of zero samples shaped like a real one. Skip forward
@@ -38,6 +39,8 @@ class BalancedLoader(DataLoader):
         self.samples: int = 0
         self.global_samples: int = 0
         self.batches: int = 0
+        self.step: int = 0  # the handed-out batch's step in its epoch
+        self.epoch: int = 0  # and that epoch
         self._empty_batch: Any = None
 
     @property
@@ -66,22 +69,25 @@ class BalancedLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         schedule = self.batch_sampler.schedule
-        rank = self.batch_sampler.rank
+        rank, epoch = self.batch_sampler.rank, self.batch_sampler.epoch
         if self.empty:
             # No indices to fetch, and no worker processes to start for nothing.
-            for start, stop, _ in schedule:
-                self._at(0.0, 0, stop - start)
+            for step, (start, stop, _) in enumerate(schedule):
+                self._at(epoch, step, 0, stop - start)
                 yield self.empty_batch()
             return
         # Workers prefetch ahead of the consumer, so the weight follows the batches
         # handed out, not the sampler's position.
-        for (start, stop, shares), batch in zip(schedule, super().__iter__(), strict=False):
-            self._at(shares[rank] / (stop - start), shares[rank], stop - start)
+        batches = zip(schedule, super().__iter__(), strict=False)
+        for step, ((start, stop, shares), batch) in enumerate(batches):
+            self._at(epoch, step, shares[rank], stop - start)
             yield batch
 
-    def _at(self, weight: float, samples: int, global_samples: int) -> None:
+    def _at(self, epoch: int, step: int, samples: int, global_samples: int) -> None:
         """The step whose batch is handed out next."""
-        self.weight, self.samples, self.global_samples = weight, samples, global_samples
+        self.weight = samples / global_samples
+        self.samples, self.global_samples = samples, global_samples
+        self.epoch, self.step = epoch, step
         self.batches += 1
 
     def empty_batch(self) -> Any:

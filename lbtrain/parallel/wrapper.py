@@ -248,6 +248,30 @@ class BalancedDataParallel(nn.Module):
         self._counted = loader.batches
         self._window[0] += loader.samples
         self._window[1] += loader.global_samples
+        if loader.step == 0:
+            self._check_epoch()
+
+    def _check_epoch(self) -> None:
+        """At an epoch's first batch: every rank in that epoch, under one plan (collective).
+
+        A rank that skipped `set_epoch` or `set_plan` draws other samples than the rest, or
+        weighs them by another plan, and the sums still run. One small allgather an epoch
+        catches it, on every rank alike.
+        """
+        loader = self.loader
+        rows = self.comm.allgather((loader.epoch, tuple(loader.plan.batch_sizes)))
+        for rank, (epoch, plan) in enumerate(rows):
+            if epoch != rows[0][0]:
+                raise RuntimeError(
+                    f"rank {rank} starts epoch {epoch} and rank 0 epoch {rows[0][0]}: call "
+                    "loader.set_epoch(epoch) with the same epoch on every rank before each epoch"
+                )
+            if plan != rows[0][1]:
+                raise RuntimeError(
+                    f"rank {rank} shares the batch as {list(plan)} and rank 0 as "
+                    f"{list(rows[0][1])}: call loader.set_plan(plan) with the same plan on every "
+                    "rank, between epochs"
+                )
 
     def _factor(self) -> float:
         """What this batch's gradient is multiplied by on its way back from the outputs."""

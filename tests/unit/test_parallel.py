@@ -13,7 +13,7 @@ from torch.utils.data import TensorDataset
 from lbtrain import BalancedDataParallel, balanced_loader, plan_batches, plan_for
 from lbtrain.comm import SingleProcessCommunicator, run_ranks
 from lbtrain.session import CollectiveError
-from tests.mpi.scripts.wrapper_exactness import check, mismatch
+from tests.mpi.scripts.wrapper_exactness import _plan, check, mismatch
 from tests.unit.test_profiling import _profile
 
 
@@ -200,6 +200,41 @@ def test_a_training_forward_without_a_new_batch_is_refused_not_weighted_zero(how
         _step(model, *step)
     with torch.no_grad():
         model(step[0])  # a forward that is no training step stays allowed
+
+
+@pytest.mark.parametrize("skipped", ["set_epoch", "set_plan", "set_plan with a zero share"])
+def test_a_rank_that_skips_set_epoch_or_set_plan_is_one_error_on_every_rank(skipped):
+    # Once silent: rank 1 drew epoch 0's permutation again (76 of 96 samples seen in an
+    # epoch), or weighed its batch by the old plan, and every sum still ran.
+    data = _toy(24)
+    old = plan_batches([1.0, 1.0], 8, "proportional")
+    new = _plan([8, 0]) if "zero" in skipped else plan_batches([3.0, 1.0], 8, "proportional")
+
+    skipper = 0 if "zero" in skipped else 1  # with the zero share on rank 1, which branches
+
+    def work(comm):
+        loader = balanced_loader(old, data, rank=comm.rank)
+        model = BalancedDataParallel(nn.Linear(4, 2), comm, loader)
+        for epoch in range(2):
+            if epoch == 1 and (comm.rank != skipper or "set_epoch" not in skipped):
+                loader.set_epoch(epoch)
+            if epoch == 1 and (comm.rank != skipper or "set_plan" not in skipped):
+                loader.set_plan(new)
+            for x, y in loader:
+                if loader.empty:
+                    model.finish()  # a zero share that branches meets the check here
+                    continue
+                _step(model, x, y)
+
+    errors = _run_all(2, work)
+    assert [type(e) for e in errors] == [RuntimeError, RuntimeError], errors
+    assert str(errors[0]) == str(errors[1])
+    if skipped == "set_epoch":
+        assert "rank 1 starts epoch 0 and rank 0 epoch 1" in str(errors[0])
+    elif skipped == "set_plan":
+        assert "rank 1 shares the batch as [4, 4] and rank 0 as [6, 2]" in str(errors[0])
+    else:
+        assert "rank 1 shares the batch as [8, 0] and rank 0 as [4, 4]" in str(errors[0])
 
 
 def test_evaluation_sums_over_ranks():
