@@ -144,6 +144,7 @@ def download_file(
     git_sha1: str | None = None,
     timeout: float = 60.0,
     progress: TextIO | None = sys.stderr,
+    by_hand: Path | None = None,
 ) -> Path:
     """Fetch ``url`` into ``dest`` with pooch; the file appears only once complete and verified.
 
@@ -160,6 +161,8 @@ def download_file(
         git_sha1: expected git blob id, checked when ``sha256`` is ``None``.
         timeout: socket timeout in seconds.
         progress: stream for the progress bar, ``None`` for silence (pooch's log too).
+        by_hand: where a failure tells the user to put a copy fetched by hand (``dest``
+            unless given: the folder the user named, where the scene's other file is).
 
     Raises:
         DatasetError: the download failed or the checksum does not match; one line naming
@@ -190,7 +193,7 @@ def download_file(
     except requests.RequestException as exc:
         raise DatasetError(
             f"could not download {url} ({_reason(exc)}, {tries}); "
-            f"download it by hand and place it at {dest}"
+            f"download it by hand and place it at {by_hand or dest}"
         ) from exc
     except ValueError as exc:
         # pooch's own message: "... expected sha256:<hex> but got <hex>. Deleted download ..."
@@ -202,7 +205,7 @@ def download_file(
         else:
             raise DatasetError(
                 f"could not download {url} ({_reason(exc)}); "
-                f"download it by hand and place it at {dest}"
+                f"download it by hand and place it at {by_hand or dest}"
             ) from exc
         raise DatasetError(
             f"checksum mismatch for {url}: {wrong} ({tries}); "

@@ -109,6 +109,7 @@ def _find_or_fetch(
             file.sha256,
             git_sha1=file.git_sha1,
             progress=progress,
+            by_hand=dirs[0] / file.filename,  # the folder named by --data-dir or LBTRAIN_DATA
         )
     except DatasetError as exc:
         looked = ", ".join(str(d) for d in dirs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import http.server
 import io
+import shutil
 
 import numpy as np
 import pytest
@@ -154,6 +155,16 @@ def test_load_scene_downloads_into_cache_then_reads_offline(served, tmp_path):
     # Once cached, no server is needed: point the mirror at a closed port.
     again = load_scene(info, empty_dir(tmp_path), mirror="http://127.0.0.1:9/", progress=None)
     np.testing.assert_array_equal(scene.cube, again.cube)
+
+
+def test_a_failed_download_says_to_put_the_file_in_the_folder_the_user_named(served, tmp_path):
+    # The folder holds the cube only: the fix once named the user cache instead.
+    src, _url = served
+    mine = empty_dir(tmp_path)
+    shutil.copy(src / "fake_cube.mat", mine)
+    with pytest.raises(DatasetError) as err:
+        load_scene(fake_info(), mine, mirror="http://127.0.0.1:9/", progress=None)
+    assert str(err.value).endswith(f"place it at {mine / 'fake_gt.mat'}"), err.value
 
 
 def test_load_scene_with_wrong_checksum_fails_and_caches_nothing(served, tmp_path):
