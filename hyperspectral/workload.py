@@ -22,6 +22,7 @@ are in :mod:`hyperspectral.options`).
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -265,8 +266,9 @@ def build(seed: int = 0, **options: Any) -> Workload:
     origin = f"--split-file {split_file}" if split_file else f"the {opts['split']} split"
     # A class left without pixels is one error line, not a warning per class and then it.
     check_split(split, scene.gt, scene.class_names, origin)
+    names = dict(enumerate(scene.class_names, start=1))
     for caught_warning in caught:
-        warnings.warn(caught_warning.message, stacklevel=2)
+        warnings.warn(_in_flags(str(caught_warning.message), names), stacklevel=2)
     if split_file:
         warn_untested(split, split_file)
     if pca is not None and pca > split.train.size:
@@ -398,3 +400,17 @@ plugin = WorkloadPlugin(
     fetch=fetch,
     description="hyperspectral land-cover classification of one scene's pixels (patches)",
 )
+
+
+def _in_flags(message: str, names: dict[int, str]) -> str:
+    """The split's warning in the command line's words: its flag, and each class's name."""
+
+    def named(match: re.Match[str]) -> str:
+        number, bracket = int(match.group(1)), match.group(2)
+        if number not in names:
+            return match.group(0)
+        # "class 7 (28 pixels)" becomes "class 7 (Grass-pasture-mowed, 28 pixels)".
+        return f"class {number} ({names[number]}" + (", " if bracket else ")")
+
+    message = message.replace("per_class=", "--train-per-class ")
+    return re.sub(r"\bclass (\d+)( \()?", named, message)

@@ -275,7 +275,9 @@ def test_warnings_are_one_line_and_a_saved_split_is_reused(tmp_path, capsys, mon
         == 0
     )
     err = capsys.readouterr().err
-    assert err.startswith("lbtrain: warning: class 1 has only") and "UserWarning" not in err
+    assert err.startswith("lbtrain: warning: class 1 (") and "UserWarning" not in err
+    # In the command line's words: the flag, not the library's per_class=.
+    assert "fewer than --train-per-class 2000;" in err.splitlines()[0], err
     assert all(line.startswith("lbtrain: warning: class ") for line in err.splitlines()), err
     # A different seed and split kind, but the split file wins: the same pixels are used.
     # (--plan: the first run's batch plan, so this run skips profiling.)
