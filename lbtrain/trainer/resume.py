@@ -198,13 +198,22 @@ def _same_setting(asked: Any, saved: Any) -> bool:
     return False
 
 
-def follow_schedule(engine: Engine, total_steps: int) -> str | None:
+def follow_schedule(engine: Engine, total_steps: int, position: int | None = None) -> str | None:
     """Put the learning rate where this run's schedule has it at the resumed step; a line
     saying so when that is not where the checkpoint's left it (a cosine schedule spans the
     whole run, so more epochs move it; another batch changes the steps per epoch, which
-    moves the cosine and step schedules alike)."""
+    moves the cosine and step schedules alike).
+
+    `position` is the step of this run's schedule the run stands at (epochs done x this
+    run's steps per epoch, plus the steps of the interrupted epoch); by default the optimizer
+    steps the checkpoint counted, which is it only while the steps per epoch are unchanged.
+    """
     scheduler = engine.scheduler
-    step = scheduler.last_epoch  # the optimizer steps taken, restored from the checkpoint
+    if position is not None:
+        # Counted in the checkpoint's steps, the decay would land mid-epoch and the schedule
+        # end early or run past its end (another batch, or another world's merged tail).
+        scheduler.last_epoch = position
+    step = scheduler.last_epoch
     groups = engine.optimizer.param_groups
     was = [group["lr"] for group in groups]
     now = [

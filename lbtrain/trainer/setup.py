@@ -279,7 +279,8 @@ def build_engine(
     if setup.checkpoint is not None:
         restore(setup.checkpoint, engine, same_plan=same_plan(setup.checkpoint, setup.plan))
         setup.say(_resume_line(setup.checkpoint["path"], engine.state, config.epochs, steps))
-        moved = follow_schedule(engine, config.epochs * steps)
+        state = engine.state
+        moved = follow_schedule(engine, config.epochs * steps, state.epoch * steps + state.step)
         if moved:
             setup.say(moved)
     else:

@@ -224,3 +224,35 @@ def test_a_mid_epoch_step_this_world_size_does_not_have_is_refused(tmp_path, cap
     code, _, err = _train(capsys, "--global-batch", "199", "--epochs", "2", "--resume", str(out))
     assert code == 0, err
     assert load_checkpoint(list_checkpoints(out / "checkpoints")[-1])["epoch"] == 2
+
+
+@pytest.mark.parametrize("schedule", ["step", "cosine"])
+def test_a_resume_with_another_batch_follows_the_schedule_by_epochs_not_steps(
+    tmp_path, capsys, schedule
+):
+    # Resumed after epoch 1 of 5 steps with batches of half the size (10 steps an epoch): the
+    # schedule once went on from step 5 of the new one, so the step schedule decayed mid
+    # epoch 3 and the cosine ended short of zero. By epochs, every epoch's rate is the one a
+    # fresh run with the new batch gives it.
+    flags = ["--epochs", "4", "--lr-schedule", schedule, "--lr-step-epochs", "2"]
+    first, fresh = tmp_path / "first", tmp_path / "fresh"
+    code, _, err = _train(capsys, *flags, "--keep", "4", "--out", str(first))
+    assert code == 0, err
+    code, _, err = _train(capsys, *flags, "--global-batch", "20", "--out", str(fresh))
+    assert code == 0, err
+    after_one = first / "checkpoints" / "step-000000005.pt"
+    code, _, err = _train(
+        capsys, "--resume", str(after_one), "--global-batch", "20", "--out", str(tmp_path / "r")
+    )
+    assert code == 0, err
+
+    def rates(run):
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+        return {e["epoch"]: e["lr"] for e in map(json.loads, lines) if e["type"] == "epoch"}
+
+    resumed, expected = rates(tmp_path / "r"), rates(fresh)
+    assert sorted(resumed) == [2, 3, 4]
+    for epoch, lr in resumed.items():
+        assert lr == pytest.approx(expected[epoch], rel=1e-9), (epoch, resumed, expected)
+    final = load_checkpoint(list_checkpoints(tmp_path / "r" / "checkpoints")[-1])
+    assert final["scheduler"]["last_epoch"] == 40  # the schedule's end, no step past it
