@@ -146,10 +146,15 @@ class Run:
             if step:
                 return f"stopped by a signal in epoch {epoch}{planned} after step {step}"
             return f"stopped by a signal after epoch {epoch}{planned}"
-        if self.ended:  # the end line is written just before summary.json
+        if self.ended:  # the end line is written just after summary.json
             return "its metrics.jsonl says it ended, but summary.json is missing"
         if not self.epochs:
             return "no epoch recorded (stopped before training, or still starting)"
+        if self.planned_epochs and done >= self.planned_epochs:
+            return (
+                f"all {self.planned_epochs} epochs trained, but no summary.json: stopped while "
+                "evaluating or writing its outputs (or still doing so)"
+            )
         return f"no summary.json after epoch {done}{planned} (killed, or still running)"
 
     @property

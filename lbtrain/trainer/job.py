@@ -163,8 +163,10 @@ def _finish(setup: Setup, engine: Engine, stream: Any) -> TrainResult:
         **setup.seconds_so_far(),  # all sessions', when resumed, as train_seconds are
         resumed_from=resumed_from(setup.checkpoint),
     )
-    stream.write(end_record(summary["wall_seconds"]))
     setup.on_root(lambda: _write_outputs(setup, plan, metrics, summary, predictions))
+    # After the outputs: the end line and summary.json say the run finished, so a stop while
+    # the map or curves were drawn must leave neither.
+    stream.write(end_record(summary["wall_seconds"]))
     saver = engine.callback(CheckpointCallback)
     final = saver.path if isinstance(saver, CheckpointCallback) else None
     if comm.rank == 0:
@@ -179,9 +181,9 @@ def _write_outputs(
     out, workload = setup.out, setup.workload
     atomic_write_text(out / "plan.json", plan.to_json() + "\n")  # the plan in force now
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     title = f"{workload.name}, {plural(setup.comm.size, 'rank')}, policy {plan.policy}"
     if setup.config.curves == "on":
         draw_curves(out, title)
     if workload.artifacts is not None:
         workload.artifacts(ArtifactContext(out, metrics, predictions, title))
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")  # the last

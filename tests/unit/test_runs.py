@@ -166,6 +166,20 @@ def test_show_an_interrupted_run_says_how_far_it_got_and_how_to_continue(runs, c
     assert "final: no summary.json (the run did not finish)" in out
 
 
+def test_a_run_stopped_while_writing_its_outputs_is_not_finished(runs, tmp_path):
+    # summary.json and the end line come after the map and the curves: a run stopped while
+    # drawing them once read as finished, with files missing.
+    folder = tmp_path / "drawing"
+    shutil.copytree(runs["finished"], folder)
+    (folder / "summary.json").unlink()
+    lines = (folder / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert json.loads(lines[-1])["type"] == "end"
+    (folder / "metrics.jsonl").write_text("".join(lines[:-1]))
+    run = load_run(folder)
+    assert not run.finished
+    assert run.unfinished.startswith(f"all {run.planned_epochs} epochs trained, but no summary")
+
+
 def test_a_run_killed_without_a_word_reads_as_unfinished(runs, tmp_path):
     killed = tmp_path / "killed"
     shutil.copytree(runs["stopped"], killed)
