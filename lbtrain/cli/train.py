@@ -129,8 +129,8 @@ def add_parser(
          "folder that is not empty)", action="store_true")  # fmt: skip
     _add(basics, "resume", "continue from a checkpoint file or a run folder; its settings are the "
          "defaults, flags override them (default: start afresh)", metavar="PATH")  # fmt: skip
-    _add(basics, "quiet", "print only the final summary (default: progress and report too)",
-         action="store_true")  # fmt: skip
+    _add(basics, "quiet", "print only the final summary; --no-quiet undoes a resumed run's "
+         "(default: progress and report too)", action=argparse.BooleanOptionalAction)  # fmt: skip
     _add(basics, "log_level", "the library's diagnostic lines on stderr: info (rank 0), debug "
          "(every rank, tagged: the re-planner's reasoning, the profiling phases) or "
          "warning", choices=LOG_LEVELS)  # fmt: skip

@@ -256,3 +256,11 @@ def test_a_resume_with_another_batch_follows_the_schedule_by_epochs_not_steps(
         assert lr == pytest.approx(expected[epoch], rel=1e-9), (epoch, resumed, expected)
     final = load_checkpoint(list_checkpoints(tmp_path / "r" / "checkpoints")[-1])
     assert final["scheduler"]["last_epoch"] == 40  # the schedule's end, no step past it
+
+
+def test_no_quiet_undoes_a_quiet_run_on_resume(two_epochs, capsys):
+    # --quiet is one of the settings a resume inherits; once there was no way back.
+    code, out, err = _train(capsys, "--resume", str(two_epochs), "--epochs", "3")
+    assert code == 0 and "resumed from" not in out, err
+    code, out, err = _train(capsys, "--resume", str(two_epochs), "--epochs", "4", "--no-quiet")
+    assert code == 0 and "resumed from" in out, err
