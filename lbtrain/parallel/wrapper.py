@@ -127,6 +127,7 @@ class BalancedDataParallel(nn.Module):
         self._window = [0, 0]  # samples of this rank, and of the world, since the last sync
         self._open: int | None = None  # the loader batch whose sync is armed and not done
         self._launched = False
+        self._armed_step: int | None = None  # the loader step of the last sync armed
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -248,11 +249,9 @@ class BalancedDataParallel(nn.Module):
         self._counted = loader.batches
         self._window[0] += loader.samples
         self._window[1] += loader.global_samples
-        if loader.step == 0:
-            self._check_epoch()
 
     def _check_epoch(self) -> None:
-        """At an epoch's first batch: every rank in that epoch, under one plan (collective).
+        """Every rank in one epoch, under one plan (collective; from `_arm`, see there).
 
         A rank that skipped `set_epoch` or `set_plan` draws other samples than the rest, or
         weighs them by another plan, and the sums still run. One small allgather an epoch
@@ -287,6 +286,14 @@ class BalancedDataParallel(nn.Module):
             weight, prescaled = (self._factor() if own else 0.0), True
         else:
             weight, prescaled = (1.0 / total if own else 0.0), False
+        # The first sync of each pass over the loader (and the first of all) checks the
+        # epoch and plan. Here, not at a step-0 forward: every rank arms every sync, just
+        # before its buckets, while a zero share that branches and accumulates counts only
+        # the batches it syncs. The steps are in lockstep, so all ranks decide alike.
+        step = self.loader.step
+        if self._armed_step is None or step <= self._armed_step:
+            self._check_epoch()
+        self._armed_step = step
         self.gradients.arm(weight, prescaled=prescaled)
         self._open, self._launched = self._counted, False
 

@@ -153,11 +153,11 @@ def _check_mid_epoch_step(
     """A mid-epoch checkpoint at the last step of an epoch that has one step more on its own
     world size than on this one (a tail of fewer samples than ranks joins the step before):
     resuming would end the epoch at once and skip the tail's samples."""
-    step, saved = int(checkpoint["step"]), len(checkpoint.get("ranks") or [])
+    step = int(checkpoint["step"])
     steps = steps_per_epoch(samples, config.global_batch, world_size)
     if step and step >= steps:
         tail = samples - step * config.global_batch
-        there = plural(saved, "rank") if saved else "the ranks it ran on"
+        there = f"at most {plural(tail, 'rank')}"  # a tail of one sample per rank is a step
         raise ValueError(
             f"resume {checkpoint['path']!r} stopped before the last step of epoch "
             f"{int(checkpoint['epoch']) + 1}, a tail of {plural(tail, 'sample')}; on "

@@ -237,6 +237,38 @@ def test_a_rank_that_skips_set_epoch_or_set_plan_is_one_error_on_every_rank(skip
         assert "rank 1 shares the batch as [8, 0] and rank 0 as [4, 4]" in str(errors[0])
 
 
+@pytest.mark.parametrize("skip", [False, True])
+def test_the_epoch_check_meets_a_zero_share_that_branches_while_accumulating(skip):
+    # The branching rank counts only the batches it syncs: a check at each epoch's step-0
+    # forward once paired an allgather on one rank with a gradient allreduce on the other.
+    data = _toy(32)
+
+    def work(comm):
+        loader = balanced_loader(_plan([8, 0]), data, rank=comm.rank)
+        model = BalancedDataParallel(nn.Linear(4, 2), comm, loader)
+        for epoch in range(2):
+            if not (skip and comm.rank == 1):
+                loader.set_epoch(epoch)
+            for step, (x, y) in enumerate(loader):
+                sync = step % 2 == 1
+                if loader.empty:
+                    if sync:
+                        model.finish()
+                    continue
+                if sync:
+                    nn.functional.cross_entropy(model(x), y).backward()
+                else:
+                    with model.no_sync():
+                        nn.functional.cross_entropy(model(x), y).backward()
+
+    errors = _run_all(2, work)
+    if skip:
+        assert [type(e) for e in errors] == [RuntimeError, RuntimeError], errors
+        assert "rank 1 starts epoch 0 and rank 0 epoch 1" in str(errors[0])
+    else:
+        assert errors == [None, None]
+
+
 def test_evaluation_sums_over_ranks():
     from lbtrain.evaluation import ConfusionEvaluator
 
