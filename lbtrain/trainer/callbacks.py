@@ -171,7 +171,7 @@ class DivergenceGuard(Callback):
         )
         raise TrainingDiverged(
             f"training diverged {where}: {what}; lower the learning rate (--lr), or turn the "
-            "guard off with --divergence off; earlier checkpoints are kept"
+            "guard off with --divergence off; earlier checkpoints, if any, are kept"
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -360,7 +360,7 @@ class Engine:
             f"training diverged: the loss became {shown} at epoch {state.epoch + 1}, step "
             f"{state.step + 1} (on {plural(int(control.nonfinite), 'rank')}); lower the "
             "learning rate (--lr), or check the data for NaN or infinite values; earlier "
-            "checkpoints are kept"
+            "checkpoints, if any, are kept"
         )
 
     def _sync_device(self) -> None:
