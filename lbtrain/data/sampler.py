@@ -39,11 +39,11 @@ def epoch_schedule(
     schedule from the same arguments, so the step count agrees without communication.
     """
     full = plan.global_batch_size
-    steps = num_samples // full
+    steps, tail = divmod(num_samples, full)
     bounds = [(k * full, (k + 1) * full) for k in range(steps)]
     if steps_per_epoch(num_samples, full, plan.world_size, drop_last) > steps:
-        bounds.append((steps * full, num_samples))
-    elif bounds and not drop_last:
+        bounds.append((steps * full, num_samples))  # the tail, a step of its own
+    elif tail and not drop_last:
         bounds[-1] = (bounds[-1][0], num_samples)  # a tail shorter than the world joins it
     schedule = []
     for start, stop in bounds:
