@@ -8,6 +8,7 @@ that did not finish (stopped, killed, or still running): it loads, with what the
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tomllib
@@ -40,9 +41,11 @@ class Run:
         epochs: metrics.jsonl's epoch records, one per epoch (a resumed epoch's later one).
         evaluations: its eval records, one per evaluated epoch.
         start: its last start record (devices, policy, planned epochs), or None.
+        starts: every start record, one per session (a resumed session's says where).
         stop: its stop record (a run stopped by a signal), or None.
         ended: whether metrics.jsonl holds the run's end record.
         summary: summary.json, or None for a run that did not finish.
+        writer: the pid of the `lbtrain train` writing the folder now, or None.
         files: every file in the folder, as a path relative to it -> size in bytes.
     """
 
@@ -52,10 +55,12 @@ class Run:
     epochs: list[dict[str, Any]]
     evaluations: list[dict[str, Any]]
     start: dict[str, Any] | None
+    starts: list[dict[str, Any]]
     stop: dict[str, Any] | None
     ended: bool
     summary: dict[str, Any] | None
     files: dict[str, int]
+    writer: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -120,8 +125,8 @@ class Run:
         """How many times the plan changed over the whole run: summary.json's count (a run
         resumed into a new folder carries it over), or metrics.jsonl's where that is more."""
         counted = self.summary.get("replans") if self.summary else None
-        # A resume on another number of ranks starts the summary's count again, while the
-        # folder's metrics.jsonl keeps the earlier re-plans: the larger is the run's.
+        # Earlier versions started the summary's count again on a resume on another number
+        # of ranks, while metrics.jsonl keeps every re-plan: the larger is the run's.
         return max(counted if isinstance(counted, int) else 0, len(self.replans))
 
     @property
@@ -137,6 +142,11 @@ class Run:
             return None
         done = self.epochs_done
         planned = f" of {self.planned_epochs}" if self.planned_epochs else ""
+        if self.writer is not None:
+            return (
+                f"still running: lbtrain train (pid {self.writer}) is writing it, at epoch "
+                f"{done}{planned}"
+            )
         if self.stop is not None:
             epoch, step = self.stop.get("epoch"), self.stop.get("step")
             reason = str(self.stop.get("reason", "signal"))
@@ -156,6 +166,26 @@ class Run:
                 "evaluating or writing its outputs (or still doing so)"
             )
         return f"no summary.json after epoch {done}{planned} (killed, or still running)"
+
+    @property
+    def resumes(self) -> list[str]:
+        """Where each later session took the run up, as phrases ("after epoch 3 on 1 rank,
+        2 before"); empty for a run trained in one go."""
+        phrases, before = [], None
+        for start in self.starts:
+            ranks = start.get("world_size")
+            at = start.get("resumed_at")
+            if isinstance(at, dict):
+                epoch, step = at.get("epoch", 0), at.get("step", 0)
+                where = f"in epoch {epoch + 1} after step {step}" if step else ""
+                where = where or f"after epoch {epoch}"
+                if isinstance(ranks, int):
+                    where += f" on {ranks} rank{'' if ranks == 1 else 's'}"
+                    if isinstance(before, int) and before != ranks:
+                        where += f", {before} before"
+                phrases.append(where)
+            before = ranks
+        return phrases
 
     @property
     def diverged(self) -> bool:
@@ -187,11 +217,13 @@ def load_run(folder: str | os.PathLike[str]) -> Run:
         epochs=epoch_records(records),
         evaluations=eval_records(records),
         start=starts[-1] if starts else None,
+        starts=starts,
         # A resumed run that went on after a stop is no longer stopped.
         stop=stops[-1] if stops and records[-1]["type"] == "stop" else None,
         ended=bool(records) and records[-1]["type"] == "end",
         summary=_checked(path / "summary.json", "run summary", _SUMMARY_FIELDS),
         files=_files(path),
+        writer=_writer(path),
     )
 
 
@@ -344,6 +376,25 @@ def _records(path: Path) -> list[dict[str, Any]]:
         raise ValueError(
             f"{exc}; the file is damaged: restore it from a copy, or delete that line"
         ) from None
+
+
+def _writer(path: Path) -> str | None:
+    """The pid in the folder's lock while a process holds it (a run writing there now)."""
+    try:
+        handle = (path / LOCK_FILE).open(encoding="utf-8")
+    except OSError:  # no lock file: no run has written here since there were locks
+        return None
+    with handle:
+        try:
+            # A shared lock, let go at once: a train starting in this instant is refused
+            # as if the folder were in use, and says so; nothing is written either way.
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "unknown"
+        except OSError:  # a file system without locks cannot tell
+            return None
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None
 
 
 def _files(path: Path) -> dict[str, int]:

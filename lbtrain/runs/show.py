@@ -50,12 +50,15 @@ def _header(run: Run) -> str:
     ]
     line = f"run {run.folder}: " + ("finished" if run.finished else "did not finish")
     line += f" ({', '.join(what)})"
+    lines = [line]
+    if run.resumes:
+        lines.append("  resumed " + "; then ".join(run.resumes))
     if run.finished:
-        return line
-    lines = [line, f"  {run.unfinished}"]
+        return "\n".join(lines)
+    lines.append(f"  {run.unfinished}")
     if run.diverged:
         lines.append("  start a new run with a lower --lr (a resume keeps the learning rate)")
-    elif run.checkpoints:
+    elif run.checkpoints and run.writer is None:
         folder = shlex.quote(str(run.folder))
         lines.append(f"  continue it with: lbtrain train --resume {folder} (launched as it was)")
     return "\n".join(lines)

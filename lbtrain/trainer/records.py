@@ -111,6 +111,22 @@ class EpochRecord:
         """Plain values (an interrupted epoch's accumulators travel in a checkpoint)."""
         return dataclasses.asdict(self)
 
+    def job_wide(self, batch_sizes: list[int], slowdown: float) -> EpochRecord:
+        """This interrupted epoch as another world continues it: the job's sums (steps,
+        samples, loss, metric, seconds, the plan's predicted seconds, the rate) are kept;
+        this rank's own (time split, samples, prediction) start at zero, under its plan."""
+        return dataclasses.replace(
+            self,
+            compute=0.0,
+            wait=0.0,
+            comm=0.0,
+            own_samples=0,
+            predicted_compute=0.0,
+            slowdown=slowdown,
+            batch_sizes=batch_sizes,
+            ranks=[],
+        )
+
 
 # Epochs whose prediction error the summary's median is taken over: the latest ones.
 ERROR_WINDOW = 256
@@ -155,6 +171,11 @@ class Totals:
         state = dataclasses.asdict(self)
         state["errors"] = list(self.errors)
         return state
+
+    def job_wide(self) -> Totals:
+        """These totals as another world continues them: the job's figures (epochs, steps,
+        samples, seconds, predictions, re-plans, losses) kept, this rank's split zeroed."""
+        return dataclasses.replace(self, compute=0.0, wait=0.0, comm=0.0)
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Totals:

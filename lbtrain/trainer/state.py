@@ -66,8 +66,10 @@ def checkpoint_state(
 
 def restore(checkpoint: dict[str, Any], engine: Engine, *, same_plan: bool) -> None:
     """Load a checkpoint into the engine: weights, optimizer, schedule, position; on the
-    same world size also each rank's RNG stream, totals and interrupted epoch; with the same
-    plan also the callbacks' memories (a new plan starts the re-planner afresh)."""
+    same world size also each rank's RNG stream, totals and interrupted epoch, on another
+    the job's totals and interrupted epoch (its loss, samples, steps and seconds; each
+    rank's time split starts afresh); with the same plan also the callbacks' memories (a
+    new plan starts the re-planner afresh)."""
     engine.model.load_state_dict(checkpoint["model"])
     engine.optimizer.load_state_dict(checkpoint["optimizer"])
     engine.scheduler.load_state_dict(checkpoint["scheduler"])
@@ -83,6 +85,14 @@ def restore(checkpoint: dict[str, Any], engine: Engine, *, same_plan: bool) -> N
         state.totals = Totals.from_state(mine["totals"])
         if mine.get("record") is not None:
             state.record = EpochRecord(**mine["record"])
+    elif ranks:  # another world: the job's figures go on, each rank's time split starts here
+        state.totals = Totals.from_state(ranks[0]["totals"]).job_wide()
+        if ranks[0].get("record") is not None:
+            epoch = state.epoch
+            state.record = EpochRecord(**ranks[0]["record"]).job_wide(
+                batch_sizes=list(engine.loader.plan.batch_sizes),
+                slowdown=engine.slowdown_at(epoch).factor,
+            )
     saved = checkpoint.get("callbacks") or {}
     for callback in engine.callbacks:
         if callback.key in saved and saved[callback.key] is not None:

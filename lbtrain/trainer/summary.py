@@ -83,8 +83,8 @@ def build_summary(
     `ranks_totals` are every rank's time split, from `rank_totals`. `resumed_from` is the
     run's provenance (the checkpoint it continued, and where), None for a fresh run.
     `wall_seconds` and `profile_seconds` cover every session of a resumed run, up to the
-    checkpoint each continued from; the training totals do too when it resumed on as many
-    ranks (on another world size they start afresh).
+    checkpoint each continued from, and so do the training totals (on another world size
+    each rank's time split covers only the sessions on that world).
     """
     ranks = _rank_rows(plan, devices, ranks_totals)
     seconds, steps = totals.seconds, totals.steps

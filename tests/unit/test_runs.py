@@ -204,6 +204,35 @@ def test_a_run_resumed_into_a_new_folder_counts_its_epochs_by_number(runs, tmp_p
     assert out.splitlines()[0].startswith(f"run {later}: finished ({SCENE_EPOCHS} epochs, 1 rank")
 
 
+def test_show_says_where_a_run_was_resumed(runs, tmp_path, capsys):
+    stopped = tmp_path / "stopped"
+    shutil.copytree(runs["stopped"], stopped)
+    assert "resumed" not in _cli(capsys, "show", str(stopped))[1]
+    assert _cli(capsys, "train", "--resume", str(stopped), "--quiet")[0] == 0
+    code, out, err = _cli(capsys, "show", str(stopped))
+    assert code == 0 and not err, err
+    assert out.splitlines()[1] == "  resumed in epoch 2 after step 4 on 1 rank", out
+
+
+def test_show_on_a_folder_a_run_is_writing_says_so_and_offers_no_resume(runs, tmp_path, capsys):
+    import os
+
+    from lbtrain.trainer.run_folder import hold_run_folder, release_run_folder
+
+    live = tmp_path / "live"
+    shutil.copytree(runs["stopped"], live)
+    lock = hold_run_folder(live, str(live))  # as rank 0 of a resumed run holds it
+    try:
+        code, out, err = _cli(capsys, "show", str(live))
+    finally:
+        release_run_folder(lock)
+    assert code == 0 and not err, err
+    assert f"still running: lbtrain train (pid {os.getpid()}) is writing it" in out, out
+    assert "--resume" not in out, out
+    # Once the lock is let go, the folder is a stopped run again, with its resume.
+    assert "continue it with: lbtrain train --resume" in _cli(capsys, "show", str(live))[1]
+
+
 def test_show_counts_the_re_plans_of_the_whole_run_as_its_summary_does(runs, tmp_path, capsys):
     # A run resumed into a new folder holds only the epochs trained there, and so only
     # their re-plans; `show` once said "0 re-plans" beside a summary that counted 3.

@@ -12,9 +12,11 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
 import torch
 
 from lbtrain.comm import run_ranks
+from lbtrain.runs import load_run
 from lbtrain.trainer import Callback, StepTimer, TrainConfig, train
 from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
 from lbtrain.trainer.engine import StepTimes
@@ -57,9 +59,9 @@ def _config(folder: Path, **changes) -> TrainConfig:
     return TrainConfig(**settings)
 
 
-def _train(config: TrainConfig, *stops: Callback) -> list[int]:
+def _train(config: TrainConfig, *stops: Callback, ranks: int = 2) -> list[int]:
     results = run_ranks(
-        2,
+        ranks,
         lambda comm: (
             train(
                 config, comm, timer=ModelTimer(comm.rank), callbacks=stops if comm.rank else ()
@@ -124,3 +126,24 @@ def test_the_comparison_can_fail_a_resume_that_forgets_the_replanner_plans_other
     torch.save(checkpoint, path)
     assert _resume(folder) == [0, 0]
     assert _plans(folder / "run") != _plans(whole / "run")
+
+
+def test_a_mid_epoch_resume_on_one_rank_goes_on_with_the_interrupted_epochs_figures(tmp_path):
+    """On another world size each rank's own streams cannot carry over, but the job's can:
+    the interrupted epoch's record holds all its steps, and the summary every epoch."""
+    whole = tmp_path / "whole"
+    assert _train(_config(whole, replan="off")) == [0, 0]
+    moved = tmp_path / "moved"
+    assert _train(_config(moved, replan="off"), StopAt(3, 2)) == [143, 143]
+    resumed = _config(moved, resume=str(moved / "run"), plan=None, out=None, replan="off")
+    assert _train(resumed, ranks=1) == [0]
+    one_go, two_sessions = _epochs(whole / "run"), _epochs(moved / "run")
+    assert [e["steps"] for e in two_sessions] == [e["steps"] for e in one_go] == [5] * EPOCHS
+    assert [e["samples"] for e in two_sessions] == [e["samples"] for e in one_go]
+    # The update is exact whatever the world, so the losses agree to float rounding.
+    assert [e["loss"] for e in two_sessions] == pytest.approx([e["loss"] for e in one_go])
+    summary = json.loads((moved / "run" / "summary.json").read_text(encoding="utf-8"))
+    assert (summary["epochs_run"], summary["steps"]) == (EPOCHS, 5 * EPOCHS), summary
+    # The time split is this world's: one rank, its own seconds only.
+    assert len(summary["ranks"]) == 1 and summary["ranks"][0]["compute_seconds"] > 0
+    assert load_run(moved / "run").resumes == ["in epoch 4 after step 3 on 1 rank, 2 before"]
