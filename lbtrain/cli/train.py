@@ -290,10 +290,38 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         spec = given.get("workload") or file.get("workload") or (base or {}).get("workload")
         plugin = agree(comm, lambda: get_plugin(spec or DEFAULT_TRAIN_WORKLOAD))
         config = agree(comm, lambda: build_config(given, plugin, base, file))
+        if base:
+            agree(comm, lambda: _check_inherited_emulation(base, {**file, **given}, comm.size))
         result = train(config, comm)
     except CollectiveError as exc:
         raise type(exc)(translate(str(exc))) from None
     return result.exit_code
+
+
+def _check_inherited_emulation(
+    base: dict[str, Any], chosen: dict[str, Any], world_size: int
+) -> None:
+    """A checkpoint's emulated slowdowns that do not fit this job's ranks: one line naming
+    them as the checkpoint's (the user never typed them) and the two ways on."""
+    from lbtrain.emulation import parse_slowdown_changes, parse_slowdowns
+
+    for name, parse in (
+        ("emulate_slowdown", parse_slowdowns),
+        ("emulate_change", parse_slowdown_changes),
+    ):
+        value = base.get(name)
+        if not value or name in chosen:
+            continue
+        try:
+            parse(value, world_size)
+        except ValueError:
+            flag = _flag(name)
+            raise ValueError(
+                f"{flag} {value} comes from the checkpoint and does not fit this job of "
+                f"{world_size} rank{'' if world_size == 1 else 's'}; give {flag} with "
+                f"{world_size} factors{' an entry' if name == 'emulate_change' else ''}, or "
+                f"{flag} '' to train without it"
+            ) from None
 
 
 def _checkpoint_settings(path: str) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from lbtrain.session import (
     profile_workload,
     root_value,
 )
-from lbtrain.text import plural
+from lbtrain.text import device_label, plural
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.workloads import Workload
 
@@ -299,7 +299,8 @@ def _check_plan(plan: BalancePlan, config: TrainConfig, world_size: int) -> None
 
 
 def _device_list(devices: list[dict[str, Any]]) -> str:
-    return ",".join(str(d.get("device")) for d in devices)
+    # With the emulated slowdown: a resume that changes only that must show the change.
+    return ", ".join(device_label(d) for d in devices)
 
 
 def plan_notes(plan: BalancePlan) -> list[str]:

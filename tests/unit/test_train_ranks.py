@@ -396,3 +396,25 @@ def test_resume_applies_a_new_policy_and_refuses_a_budget_it_would_not_use(tmp_p
     assert "has all 2 epochs done, so --global-batch 20 would train nothing" in line, line
     assert "raise epochs above 2" in line, line
     assert load_toml(out / "config.toml")["global_batch"] == 40
+
+
+def test_a_resume_on_other_ranks_names_the_checkpoints_emulation_and_the_way_on(tmp_path):
+    out = tmp_path / "run"
+    first = lbtrain_ranks(
+        2, *faulty("--epochs", "1", "--emulate-slowdown", "1,3",
+                   "--plan", str(plan_file(tmp_path, [1.0, 3.0])), "--out", str(out)),
+    )  # fmt: skip
+    assert first.codes == [0, 0], first.output()
+    # The user typed no --emulate-slowdown here: the line says whose it is, and the ways on.
+    refused = lbtrain_ranks(3, "train", "--resume", str(out), "--epochs", "2")
+    assert refused.codes == [2, 2, 2], refused.output()
+    line = _one_error_line(refused)
+    assert line.startswith("lbtrain: error: --emulate-slowdown 1,3 comes from the checkpoint"), line
+    assert "with 3 factors, or --emulate-slowdown '' to train without it" in line, line
+    # Only the slowdown changes, on as many ranks: the reason to plan again shows it.
+    same = lbtrain_ranks(2, "train", "--resume", str(out), "--epochs", "2",
+                         "--emulate-slowdown", "1")  # fmt: skip
+    assert same.codes == [0, 0], same.output()
+    assert "ran on 2 ranks (cpu, cpu x3), this job on 2 (cpu, cpu): planning again" in (
+        same.stdout
+    ), same.stdout
