@@ -153,9 +153,11 @@ def _finish(setup: Setup, engine: Engine, stream: Any) -> TrainResult:
             batch_size=config.eval_batch,
             collate_fn=workload.collate_fn,
         )
+    # Each rank's emulated slowdown as the run ended: --emulate-change may have moved it.
+    last = comm.allgather(setup.slowdown_at(max(config.epochs - 1, 0)).factor)
     summary = build_summary(
         plan=plan,
-        devices=setup.devices,
+        devices=[{**device, "slowdown": factor} for device, factor in zip(setup.devices, last)],
         totals=engine.state.totals,
         ranks_totals=rank_totals(comm, engine.state.totals),
         evaluations=evaluations.evaluations,

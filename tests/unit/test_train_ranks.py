@@ -418,3 +418,17 @@ def test_a_resume_on_other_ranks_names_the_checkpoints_emulation_and_the_way_on(
     assert "ran on 2 ranks (cpu, cpu x3), this job on 2 (cpu, cpu): planning again" in (
         same.stdout
     ), same.stdout
+
+
+def test_the_summary_labels_each_rank_with_its_slowdown_as_the_run_ended(tmp_path):
+    """--emulate-change swaps which rank is slow: the summary, read at the end, must not
+    call the rank that is full speed now "x3"."""
+    out = tmp_path / "run"
+    job = lbtrain_ranks(
+        2, *faulty("--epochs", "2", "--emulate-slowdown", "1,3", "--emulate-change", "2:3,1",
+                   "--replan", "off", "--plan", str(plan_file(tmp_path, [1.0, 1.0])),
+                   "--out", str(out)),
+    )  # fmt: skip
+    assert job.codes == [0, 0], job.output()
+    ranks = json.loads((out / "summary.json").read_text())["ranks"]
+    assert [row["slowdown"] for row in ranks] == [3.0, 1.0], ranks
