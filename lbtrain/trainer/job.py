@@ -65,7 +65,7 @@ def train(
         Interrupted, KeyboardInterrupt: a signal outside the training steps.
     """
     _import_what_torch_imports_late()
-    stop = StopSignal()
+    stop = StopSignal(announce=comm.rank == 0)
     with stop.installed():
         try:
             setup = set_up(config, comm)

@@ -9,6 +9,7 @@ handler raises at once, and the CLI ends the job with 130 or 143 and one line.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,10 @@ __all__ = ["SIGNAL_EXIT", "Interrupted", "StopSignal"]
 
 # Exit statuses of a run stopped by a signal, as shells report them (128 + signal number).
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+_SECOND_PRESS = (
+    "lbtrain: stopping after this step, with a checkpoint; Ctrl-C again stops at once, "
+    "without one\n"
+)
 
 
 class Interrupted(BaseException):  # noqa: N818 (like KeyboardInterrupt, not an error)
@@ -34,11 +39,14 @@ class StopSignal:
     """Catches SIGINT and SIGTERM for the length of a run (see the module docstring).
 
     A second Ctrl-C while a request waits interrupts at once, for a user who will not wait.
+    With `announce` (rank 0's), the first one says so on stderr, since the step and the
+    checkpoint it waits for may take a while and a second press loses that checkpoint.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool = False) -> None:
         self.signals: list[int] = []
         self.deferred = False
+        self.announce = announce
 
     def request(self, signum: int) -> None:
         """Ask for a stop as a signal would (tests, and ranks that are threads)."""
@@ -57,6 +65,9 @@ class StopSignal:
         self.signals.append(signum)
         if not self.deferred:
             raise Interrupted(signum)
+        if self.announce and signum == signal.SIGINT:
+            # os.write: print() inside a handler can re-enter a write that it interrupted.
+            os.write(2, _SECOND_PRESS.encode())
 
     @contextmanager
     def deferring(self) -> Iterator[StopSignal]:

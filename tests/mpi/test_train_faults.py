@@ -261,6 +261,8 @@ def test_sigint_to_the_launcher_stops_every_rank_with_a_checkpoint_and_exit_130(
     assert "stopped by a signal" in job.stdout
     assert load_checkpoint(saved[-1])["global_step"] < 50
     assert "Traceback" not in job.stderr, job.output()
+    # Rank 0 alone says what a second Ctrl-C would do: one line for the job.
+    assert job.stderr.count("Ctrl-C again stops at once, without one") == 1, job.output()
 
 
 def _rank_pids(marker: str) -> list[int]:

@@ -358,6 +358,28 @@ def test_a_signal_stops_after_the_step_with_its_exit_status():
     assert (result.stop_code, result.epoch, result.step, result.global_step) == (143, 0, 1, 1)
 
 
+def test_a_first_ctrl_c_while_training_says_a_second_one_loses_the_checkpoint(capfd):
+    import signal
+
+    stop = StopSignal(announce=True)
+    with stop.installed(), stop.deferring():
+        signal.raise_signal(signal.SIGINT)
+        assert stop.code == 130
+        first = capfd.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert first == (
+        "lbtrain: stopping after this step, with a checkpoint; Ctrl-C again stops at once, "
+        "without one\n"
+    )
+    assert capfd.readouterr().err == ""
+    # Other ranks stay quiet (one line for the job), and so does a SIGTERM (a scheduler's).
+    for announce, signum in ((False, signal.SIGINT), (True, signal.SIGTERM)):
+        with StopSignal(announce=announce).installed() as quiet, quiet.deferring():
+            signal.raise_signal(signum)
+        assert capfd.readouterr().err == ""
+
+
 def test_progress_prints_plain_lines_off_a_terminal():
     stream = io.StringIO()
     progress = Progress(True, epochs=2, log_every=2, stream=stream)
