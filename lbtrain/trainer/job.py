@@ -157,7 +157,10 @@ def _finish(setup: Setup, engine: Engine, stream: Any) -> TrainResult:
     last = comm.allgather(setup.slowdown_at(max(config.epochs - 1, 0)).factor)
     summary = build_summary(
         plan=plan,
-        devices=[{**device, "slowdown": factor} for device, factor in zip(setup.devices, last)],
+        devices=[
+            {**device, "slowdown": factor}
+            for device, factor in zip(setup.devices, last, strict=True)
+        ],
         totals=engine.state.totals,
         ranks_totals=rank_totals(comm, engine.state.totals),
         evaluations=evaluations.evaluations,
