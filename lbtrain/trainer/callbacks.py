@@ -90,7 +90,11 @@ class ReplanCallback(Callback):
         engine.state.totals.replans += 1
         if change is not None:
             record.replan = change.to_dict(plan)
-            self.say(f"  after epoch {record.epoch + 1}: {change.describe(plan)}")
+            last = record.epoch + 1 == engine.state.epochs
+            self.say(
+                f"  after epoch {record.epoch + 1}: {change.describe(plan)}"
+                + (" (the last epoch: the plan for epochs a resume adds)" if last else "")
+            )
         engine.loader.set_plan(BalancePlan.from_dict(chosen))
 
     def state_dict(self) -> dict[str, Any]:

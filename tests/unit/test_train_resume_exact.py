@@ -147,3 +147,11 @@ def test_a_mid_epoch_resume_on_one_rank_goes_on_with_the_interrupted_epochs_figu
     # The time split is this world's: one rank, its own seconds only.
     assert len(summary["ranks"]) == 1 and summary["ranks"][0]["compute_seconds"] > 0
     assert load_run(moved / "run").resumes == ["in epoch 4 after step 3 on 1 rank, 2 before"]
+
+
+def test_a_re_plan_after_the_last_epoch_says_which_epochs_it_is_for(tmp_path, capsys):
+    # Rank 1 slows from epoch 3 (0-based 2); two agreeing epochs decide, after the 4th.
+    assert _train(_config(tmp_path, epochs=4, quiet=False)) == [0, 0]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "after epoch" in line]
+    assert len(lines) == 1 and lines[0].startswith("  after epoch 4: re-planned"), lines
+    assert lines[0].endswith("(the last epoch: the plan for epochs a resume adds)"), lines
