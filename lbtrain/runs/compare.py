@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 from lbtrain.runs.folder import Run
-from lbtrain.text import format_metric, markdown_table, metric_title, text_table
+from lbtrain.text import format_metric, markdown_table, metric_title, plural, text_table
 
 __all__ = ["COMPARE_FORMATS", "format_comparison"]
 
@@ -28,8 +29,10 @@ def format_comparison(runs: Sequence[Run], fmt: str = "text") -> str:
         raise ValueError(f"fmt={fmt!r} is unknown; choose one of {', '.join(COMPARE_FORMATS)}")
     names = _names(runs)
     metrics = list(dict.fromkeys(name for run in runs for name in run.metrics))
+    settings, more = _differing(runs)
     header = [
         "run",
+        *settings,
         "policy",
         "ranks",
         "devices",
@@ -37,10 +40,19 @@ def format_comparison(runs: Sequence[Run], fmt: str = "text") -> str:
         "samples/s",
         *map(metric_title, metrics),
     ]
-    rows = [_row(run, name, metrics) for run, name in zip(runs, names, strict=True)]
+    rows = [
+        [name, *(_setting(run, key) for key in settings), *_row(run, metrics)]
+        for run, name in zip(runs, names, strict=True)
+    ]
     render = markdown_table if fmt == "markdown" else text_table
-    lines = [render(header, rows, left=4)]
-    notes = [
+    lines = [render(header, rows, left=4 + len(settings))]
+    notes = []
+    if more:
+        notes.append(
+            f"{plural(len(more), 'more setting')} differ{'s' if len(more) == 1 else ''}: "
+            f"{', '.join(more)} (lbtrain show RUN prints a run's recipe)"
+        )
+    notes += [
         f"{name} did not finish: {run.unfinished}; '{MISSING}' where its summary.json would say"
         for run, name in zip(runs, names, strict=True)
         if not run.finished
@@ -67,12 +79,58 @@ def _devices(labels: Sequence[str]) -> str:
     )
 
 
-def _row(run: Run, name: str, metrics: Sequence[str]) -> list[str]:
+# Recipe settings that change neither what a run trains nor how fast: never a column.
+_NOT_COMPARED = frozenset(
+    ("out", "resume", "overwrite", "quiet", "log_every", "log_level", "curves", "keep",
+     "checkpoint_every", "eval_batch", "config")
+)  # fmt: skip
+# The most settings shown as columns; the rest are named in a note.
+MAX_SETTINGS = 6
+# A cell for a workload option a run's config.toml does not set: the workload's default.
+DEFAULT = "default"
+
+
+def _recipe_items(run: Run) -> dict[str, Any]:
+    """The run's config.toml as one flat mapping (its workload options beside the rest)."""
+    flat: dict[str, Any] = {}
+    for key, value in (run.recipe or {}).items():
+        if isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[key] = value
+    return flat
+
+
+def _differing(runs: Sequence[Run]) -> tuple[list[str], list[str]]:
+    """The recipe settings whose values differ between the runs, in config.toml's order:
+    the first MAX_SETTINGS to show as columns, and the others."""
+    recipes = [_recipe_items(run) for run in runs if run.recipe is not None]
+    keys = dict.fromkeys(key for recipe in recipes for key in recipe)
+    differing = [
+        key
+        for key in keys
+        if key not in _NOT_COMPARED
+        and len({repr(recipe.get(key, DEFAULT)) for recipe in recipes}) > 1
+    ]
+    return differing[:MAX_SETTINGS], differing[MAX_SETTINGS:]
+
+
+def _setting(run: Run, key: str) -> str:
+    if run.recipe is None:
+        return MISSING  # no config.toml: the run's settings are not known
+    value = _recipe_items(run).get(key, DEFAULT)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def _row(run: Run, metrics: Sequence[str]) -> list[str]:
     summary = run.summary or {}
     wall, rate = summary.get("wall_seconds"), summary.get("samples_per_second")
     values = run.metrics  # none for a run that did not finish: not final
     return [
-        name,
         run.policy or MISSING,
         str(run.world_size) if run.world_size else MISSING,
         _devices(run.devices) or MISSING,

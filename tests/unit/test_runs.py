@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import signal
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -255,20 +256,42 @@ def _expected_row(folder: Path, metrics: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
+def _settings(folder: Path, keys: list[str]) -> list[str]:
+    """The run's config.toml values of `keys` as compare prints them."""
+    recipe = tomllib.loads((folder / "config.toml").read_text())
+    flat = {**recipe, **recipe.pop("workload_options", {})}
+    return [str(flat.get(key, "default")).lower() for key in keys]
+
+
+# The first six settings that differ between the scene run and the faulty one, in
+# config.toml's order (the runs' own files: workload, epochs, batch, plan, evaluation).
+SCENE_VS_FAULTY = ["workload", "epochs", "global_batch", "plan", "eval_every", "dataset"]
+
+
 def test_compare_prints_one_aligned_row_per_run(runs, capsys):
     code, out, err = _cli(capsys, "compare", str(runs["scene"]), str(runs["finished"]))
     assert code == 0 and not err, err
     lines = out.splitlines()
-    assert lines[0].split() == (
-        "run policy ranks devices wall time (s) samples/s OA AA kappa accuracy".split()
+    assert (
+        lines[0].split()
+        == (
+            f"run {' '.join(SCENE_VS_FAULTY)} policy ranks devices wall time (s) samples/s OA AA "
+            "kappa accuracy"
+        ).split()
     )
-    assert set(lines[1]) == {"-", " "} and len(lines) == 4
+    assert set(lines[1]) == {"-", " "} and len(lines) == 6
     metrics = ["oa", "aa", "kappa", "accuracy"]
-    for line, name in zip(lines[2:], ("scene", "finished"), strict=True):
-        assert line.split() == " ".join(_expected_row(runs[name], metrics)).split()
+    for line, name in zip(lines[2:4], ("scene", "finished"), strict=True):
+        row = _expected_row(runs[name], metrics)
+        row[1:1] = _settings(runs[name], SCENE_VS_FAULTY)
+        assert line.split() == " ".join(row).split()
+    # Settings past the sixth are named, not shown.
+    assert re.fullmatch(
+        r"note: \d+ more settings? differs?: model, .* \(lbtrain show RUN .*", lines[5]
+    )
     # Aligned: every column starts where its heading does.
     starts = [m.start() for m in re.finditer(r"(?<=  )\S", lines[1])]
-    for line in lines[2:]:
+    for line in lines[2:4]:
         assert all(line[i - 1] == " " for i in starts), line
 
 
@@ -285,14 +308,34 @@ def test_compare_markdown_is_a_table_with_a_row_per_run(runs, capsys):
 
     header = cells(lines[0])
     assert header == [
-        "run", "policy", "ranks", "devices", "wall time (s)", "samples/s", "OA", "AA", "kappa",
-        "accuracy",
+        "run", *SCENE_VS_FAULTY, "policy", "ranks", "devices", "wall time (s)", "samples/s",
+        "OA", "AA", "kappa", "accuracy",
     ]  # fmt: skip
     assert lines[1] == "|" + "---|" * len(header)
-    assert len(lines) == 4
+    assert len(lines) == 6 and lines[5].startswith("- ") and "more setting" in lines[5]
     metrics = ["oa", "aa", "kappa", "accuracy"]
-    assert cells(lines[2]) == _expected_row(runs["scene"], metrics)
-    assert cells(lines[3]) == _expected_row(runs["finished"], metrics)
+    for line, name in zip(lines[2:4], ("scene", "finished"), strict=True):
+        row = _expected_row(runs[name], metrics)
+        row[1:1] = _settings(runs[name], SCENE_VS_FAULTY)
+        assert cells(line) == row
+
+
+def test_compare_shows_the_settings_that_differ_as_columns(runs, tmp_path, capsys):
+    # Two runs of one recipe: no setting column. Change two settings of a copy: those two.
+    code, out, err = _cli(capsys, "compare", str(runs["finished"]), str(runs["stopped"]))
+    assert code == 0 and out.split()[:2] == ["run", "policy"], out
+    other = tmp_path / "other"
+    shutil.copytree(runs["finished"], other)
+    recipe = (other / "config.toml").read_text()
+    recipe = recipe.replace("seed = 0", "seed = 7").replace("lr = 0.001", "lr = 0.01")
+    (other / "config.toml").write_text(recipe)
+    code, out, err = _cli(capsys, "compare", str(runs["finished"]), str(other))
+    assert code == 0 and not err, err
+    lines = out.splitlines()
+    assert lines[0].split()[:4] == ["run", "lr", "seed", "policy"], out
+    assert lines[2].split()[:3] == ["finished", "0.001", "0"], out
+    assert lines[3].split()[:3] == ["other", "0.01", "7"], out
+    assert len(lines) == 4, out  # nothing more differs, so no note
 
 
 def test_compare_shows_an_unfinished_run_with_dashes_and_a_note(runs, capsys):
