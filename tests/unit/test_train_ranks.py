@@ -432,3 +432,32 @@ def test_the_summary_labels_each_rank_with_its_slowdown_as_the_run_ended(tmp_pat
     assert job.codes == [0, 0], job.output()
     ranks = json.loads((out / "summary.json").read_text())["ranks"]
     assert [row["slowdown"] for row in ranks] == [3.0, 1.0], ranks
+
+
+def short_on_rank_1(seed: int = 0):
+    """The faulty workload, one training sample short on rank 1: a node whose copy of the
+    data differs."""
+    import dataclasses
+    import threading
+
+    from torch.utils.data import Subset
+
+    from tests.fixtures.faulty import build
+
+    workload = build(seed)
+    if threading.current_thread().name == "rank-1":  # tests/ranks.py's thread for rank 1
+        kept = Subset(workload.train_set, range(len(workload.train_set) - 1))
+        workload = dataclasses.replace(workload, train_set=kept)
+    return workload
+
+
+def test_ranks_that_built_other_data_are_refused_before_training(tmp_path):
+    job = lbtrain_ranks(
+        2, "train", "--workload", f"{__name__}:short_on_rank_1", "--global-batch", "40",
+        "--threads", "1", "--epochs", "1", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert job.codes == [2, 2], job.output()
+    line = _one_error_line(job)
+    assert "rank 1 built other data than rank 0: training samples 199 (rank 0: 200)" in line
+    assert "check the data files, the workload's options and the seed on every node" in line
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
