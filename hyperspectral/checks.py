@@ -69,7 +69,13 @@ def check_sizes(scene: str, shape: tuple[int, ...], opts: Mapping[str, Any]) -> 
 
 
 def new_model(
-    model: str, bands: int, classes: int, patch_size: int, dropout: float, members: int = 1
+    model: str,
+    bands: int,
+    classes: int,
+    patch_size: int,
+    dropout: float,
+    members: int = 1,
+    own_batches: bool = False,
 ) -> nn.Module:
     """A fresh registered model, or an ensemble of ``members`` (not seeded: the caller
     seeds torch)."""
@@ -80,6 +86,7 @@ def new_model(
         patch_size=patch_size,
         dropout=dropout,
         members=members,
+        own_batches=own_batches,
     )
 
 

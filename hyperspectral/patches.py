@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["PatchDataset", "pad_cube"]
+__all__ = ["MemberBatches", "PatchDataset", "pad_cube"]
 
 
 def pad_cube(cube: np.ndarray, patch_size: int) -> torch.Tensor:
@@ -97,3 +97,53 @@ class PatchDataset(Dataset):
         c_idx = (cols[:, None] + offs[None, :])[:, None, :]
         patches = self.padded[:, r_idx, c_idx]  # (C, N, P, P)
         return patches.permute(1, 0, 2, 3).contiguous(), self.targets[pos]
+
+
+class MemberBatches(Dataset):
+    """A training set read by each member of an ensemble in its own order.
+
+    Item ``i`` is ``members`` patches stacked, (M, C, P, P), with their classes, (M,):
+    member 0 reads sample ``i`` and member ``m`` sample ``order[m][i]``, a fixed
+    permutation drawn from ``seed``. The sampler's permutation of an epoch, seen through a
+    member's, is that member's own batch order: every member reads every sample once an
+    epoch, and no two read the same batches. The items depend on the index alone, so any
+    split of the global batch over ranks still draws the same samples (the multi-rank
+    update stays exact).
+
+    Args:
+        base: the training patches.
+        members: the ensemble's members (>= 2).
+        seed: the run's seed (the same on every rank).
+    """
+
+    def __init__(self, base: PatchDataset, members: int, seed: int) -> None:
+        if members < 2:
+            raise ValueError(f"MemberBatches needs >= 2 members, got {members}")
+        self.base = base
+        rng = np.random.default_rng([seed, 0xE5])  # not the split's or the sampler's stream
+        n = len(base)
+        orders = [np.arange(n)] + [rng.permutation(n) for _ in range(members - 1)]
+        self.orders = torch.from_numpy(np.stack(orders))  # (M, n)
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    @property
+    def indices(self) -> torch.Tensor:
+        """The training pixels, as the base set holds them (member 0's order)."""
+        return self.base.indices
+
+    @property
+    def targets(self) -> torch.Tensor:
+        """Their classes, in the same order."""
+        return self.base.targets
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.__getitems__([i])
+        return x[0], y[0]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch at ``indices``: (N, M, C, P, P) patches and (N, M) classes."""
+        positions = torch.as_tensor(indices, dtype=torch.int64)
+        parts = [self.base.batch(order[positions]) for order in self.orders]
+        return torch.stack([x for x, _ in parts], 1), torch.stack([y for _, y in parts], 1)

@@ -1,4 +1,5 @@
-"""The hyperspectral application as an lbtrain workload: the only module here importing lbtrain.
+"""The hyperspectral application as an lbtrain workload (the adapter: with artifacts.py, the
+modules here that import lbtrain besides the CLI alias).
 
 Declared as the entry point ``hyperspectral = "hyperspectral.workload:plugin"`` in the group
 ``lbtrain.workloads``, so ``lbtrain train --workload hyperspectral --dataset pavia_u`` finds it
@@ -21,20 +22,16 @@ are in :mod:`hyperspectral.options`).
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
-from lbtrain.outputs import atomic_write
 from lbtrain.workloads import (
-    ArtifactContext,
     ConfusionEvaluator,
     Workload,
     WorkloadOption,
@@ -42,6 +39,7 @@ from lbtrain.workloads import (
     keep_batch,
 )
 
+from .artifacts import artifacts_hook
 from .checks import (
     check_sizes,
     check_split,
@@ -50,9 +48,9 @@ from .checks import (
     published_shape,
     warn_untested,
 )
-from .datasets import Scene, get_scene, load_scene, search_dirs
-from .maps import require_matplotlib, save_map
-from .metrics import format_table, metrics_from_confusion
+from .datasets import get_scene, load_scene, search_dirs
+from .maps import require_matplotlib
+from .metrics import metrics_from_confusion
 from .models import MODELS, member_correct_predictions, member_cross_entropy
 from .options import (
     parse_bool,
@@ -62,12 +60,14 @@ from .options import (
     parse_int,
     parse_path,
 )
+from .patches import MemberBatches
 from .pipeline import DATASET_NAMES, prepare, split_scene
-from .splits import SPLIT_KINDS, Split, guard_note, save_split, split_counts, split_digest
+from .splits import SPLIT_KINDS, guard_note, split_digest
 
 __all__ = ["ARTIFACTS", "NAME", "build", "fetch", "plugin"]
 
 NAME = "hyperspectral"
+ENSEMBLE_BATCHES = ("own", "shared")
 
 # The files the artifacts hook writes into the run folder.
 ARTIFACTS = ("metrics.txt", "split.npz", "split.json", "map.png")
@@ -151,10 +151,20 @@ OPTIONS: tuple[WorkloadOption, ...] = (
         "ensemble",
         1,
         "train this many copies of the model side by side, each from its own initial "
-        "weights and on its own loss, and predict with their mean probability (a deep "
+        "weights, on its own loss and (see --ensemble-batches) its own batches, and predict "
+        "with their mean probability (a deep "
         "ensemble): N times the compute and memory of one model, and usually a higher "
         "accuracy; 1 = one model",
         type=parse_int("ensemble", 1),
+    ),
+    WorkloadOption(
+        "ensemble_batches",
+        "own",
+        "with --ensemble: own: each member reads the training samples in its own order, so "
+        "the members differ in their batches as well as their initial weights; shared: "
+        "every member reads the same batches (as runs before this option did)",
+        type=parse_choice("ensemble_batches", ENSEMBLE_BATCHES),
+        choices=ENSEMBLE_BATCHES,
     ),
     WorkloadOption(
         "map", True, "predict every pixel at the end and draw map.png (needs matplotlib)", type=bool
@@ -279,21 +289,24 @@ def build(seed: int = 0, **options: Any) -> Workload:
     data = prepare(scene, split, patch, pca, seed=seed)
     channels, classes, dropout = data.bands, scene.num_classes, opts["dropout"]
     members = opts["ensemble"]
+    own = members > 1 and opts["ensemble_batches"] == "own"
+    train_set = MemberBatches(data.train_set, members, seed) if own else data.train_set
 
     def build_model_fn() -> nn.Module:
         # No seeding here: the trainer seeds torch, builds, and broadcasts rank 0's weights.
-        return new_model(model, channels, classes, patch, dropout, members)
+        return new_model(model, channels, classes, patch, dropout, members, own)
 
     return Workload(
         name=NAME,
         build_model=build_model_fn,
-        sample_shape=(channels, patch, patch),
+        # A sample as the model trains on it: one patch per member with their own batches.
+        sample_shape=(members, channels, patch, patch) if own else (channels, patch, patch),
         num_classes=classes,
         # Plain cross-entropy for one model; each member's own, averaged, for an ensemble.
         loss_fn=member_cross_entropy,
         # What profiling times; the reference recipe of all three models is Adam at 1e-3.
         build_optimizer=lambda params: torch.optim.Adam(params, lr=1e-3),
-        train_set=data.train_set,
+        train_set=train_set,
         eval_set=data.test_set,
         evaluator=ConfusionEvaluator(
             classes, summarize=metrics_from_confusion, headline=("oa", "aa", "kappa")
@@ -303,7 +316,7 @@ def build(seed: int = 0, **options: Any) -> Workload:
         predict_set=data.predict_set() if opts["map"] else None,
         predict_unit=w,
         collate_fn=keep_batch,
-        artifacts=_artifacts_hook(scene, split, opts["map"], _model_label(model, patch, members)),
+        artifacts=artifacts_hook(scene, split, opts["map"], _model_label(model, patch, members)),
         outputs=ARTIFACTS,
         signature={
             "dataset": scene.name,
@@ -316,6 +329,8 @@ def build(seed: int = 0, **options: Any) -> Workload:
             "split_digest": split_digest(split),
             # Only when set: checkpoints of one model, from before the option, still resume.
             **({"ensemble": members} if members > 1 else {}),
+            # Only when own: checkpoints of shared-batch ensembles, from before, still resume.
+            **({"ensemble_batches": "own"} if own else {}),
         },
         description=(
             f"{scene.name} {scene.cube.shape} from {scene.source}: {len(data.train_set)} train "
@@ -328,70 +343,6 @@ def build(seed: int = 0, **options: Any) -> Workload:
 def _model_label(model: str, patch: int, members: int) -> str:
     """``ssftt x5, patch 13``: the model as the map's title names it."""
     return f"{model}{f' x{members}' if members > 1 else ''}, patch {patch}"
-
-
-def _artifacts_hook(
-    scene: Scene, split: Split, draw_map: bool, model: str
-) -> Callable[[ArtifactContext], list[Path]]:
-    """The rank-0 hook; it keeps three bands for the false-colour panel, not the raw cube.
-
-    ``model`` names the model in the map's title (the trainer's title names the job only).
-    """
-    name, shape = scene.name, scene.shape
-    gt, class_names, bands = scene.gt, scene.class_names, scene.rgb_bands
-    rgb = np.ascontiguousarray(scene.cube[..., list(bands)]) if draw_map else None
-    # Errors are counted on the split's test pixels only: training pixels are not errors.
-    test = np.zeros(shape[0] * shape[1], dtype=bool)
-    test[split.test] = True
-    test = test.reshape(shape)
-    guard = np.zeros(shape[0] * shape[1], dtype=bool)
-    guard[split.guard] = True
-    guard = guard.reshape(shape)
-    counts = json.dumps(split_counts(split, gt, class_names), indent=2) + "\n"
-
-    def artifacts(ctx: ArtifactContext) -> list[Path]:
-        out = Path(ctx.out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        metrics = dict(ctx.metrics)
-        table = format_table(metrics, class_names)
-        # Printed too: the run summary that follows shows only OA, AA and kappa.
-        print("\n" + table, end="", flush=True)
-        written = [
-            atomic_write(out / "metrics.txt", lambda p: p.write_text(table)),
-            atomic_write(out / "split.npz", lambda p: save_split(split, p)),
-            atomic_write(out / "split.json", lambda p: p.write_text(counts)),
-        ]
-        if draw_map and ctx.predictions is not None:
-            predicted = np.asarray(ctx.predictions)
-            if predicted.size != shape[0] * shape[1]:
-                raise ValueError(
-                    f"got {predicted.size} predictions for the {shape[0]}x{shape[1]} map of "
-                    f"{name}; predict every item of the workload's predict_set"
-                )
-            title = (
-                f"{name}, {model}{f' ({ctx.title})' if ctx.title else ''}: "
-                f"OA {100 * metrics['oa']:.2f}%  "
-                f"AA {100 * metrics['aa']:.2f}%  kappa {metrics['kappa']:.4f}"
-            )
-            written.append(
-                atomic_write(
-                    out / "map.png",
-                    lambda p: save_map(
-                        p,
-                        rgb,
-                        gt,
-                        predicted.reshape(shape),
-                        class_names,
-                        bands=bands,
-                        test=test,
-                        guard=guard,
-                        title=title,
-                    ),
-                )
-            )
-        return written
-
-    return artifacts
 
 
 plugin = WorkloadPlugin(

@@ -85,6 +85,7 @@ def build_model(
     patch_size: int | None = None,
     dropout: float | None = None,
     members: int = 1,
+    own_batches: bool = False,
 ) -> nn.Module:
     """Build the registered model ``name``, or an :class:`Ensemble` of ``members`` of it.
 
@@ -97,6 +98,8 @@ def build_model(
             uses the model's reference.
         members: 1 for one model; more for a deep ensemble of that many, each from its own
             initial weights (train it with :func:`member_cross_entropy`).
+        own_batches: an ensemble's members each read their own samples in training, (N, M,
+            ...) inputs from :class:`hyperspectral.patches.MemberBatches`.
 
     Raises:
         ValueError: unknown name, or an invalid size or dropout.
@@ -121,4 +124,4 @@ def build_model(
             dropout=dropout,
         )
 
-    return one() if members == 1 else Ensemble(one, members)
+    return one() if members == 1 else Ensemble(one, members, own_batches)

@@ -12,7 +12,7 @@ from hyperspectral.models import (
     member_correct_predictions,
     member_cross_entropy,
 )
-from hyperspectral.patches import PatchDataset, pad_cube
+from hyperspectral.patches import MemberBatches, PatchDataset, pad_cube
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +151,51 @@ def test_an_ensemble_trains_each_member_on_its_own_loss_and_predicts_their_mean(
     assert member_correct_predictions(stacked, y) == float((mean.argmax(1) == y).sum())
     # One model's (N, K) logits are read as they always were.
     assert member_cross_entropy(first(x), y) == torch.nn.functional.cross_entropy(first(x), y)
+
+
+def test_member_batches_give_each_member_every_sample_once_in_its_own_order(cube):
+    gt = np.arange(1, 64).reshape(7, 9)  # every pixel its own class: targets name the pixel
+    base = PatchDataset(pad_cube(cube, 3), np.arange(5, 60), 3, 9, gt)
+    batches = MemberBatches(base, members=3, seed=4)
+    everything = list(range(len(base)))
+    x, y = batches.__getitems__(everything)
+    assert x.shape == (len(base), 3, 4, 3, 3) and y.shape == (len(base), 3)
+    # Member 0 reads the sampler's order; each member reads every sample once an epoch ...
+    torch.testing.assert_close(y[:, 0], base.targets)
+    for member in range(3):
+        assert sorted(y[:, member].tolist()) == sorted(base.targets.tolist())
+        for row in (0, 17, len(base) - 1):  # ... with its patch, not another pixel's
+            torch.testing.assert_close(x[row, member], base[int(y[row, member]) - 5][0])
+    # ... and the members' batches differ: the same index is another sample for each.
+    assert (y[:, 1] != y[:, 0]).float().mean() > 0.8 and (y[:, 2] != y[:, 1]).any()
+    # The orders depend on the seed alone (every rank draws the same), a batch on its
+    # indices alone (any split of the global batch over ranks reads the same samples).
+    again = MemberBatches(base, members=3, seed=4)
+    torch.testing.assert_close(again.__getitems__([9, 2])[1], y[[9, 2]])
+    assert not torch.equal(MemberBatches(base, members=3, seed=5).__getitems__(everything)[1], y)
+    x1, y1 = batches[9]
+    torch.testing.assert_close(x1, x[9])
+    torch.testing.assert_close(y1, y[9])
+    with pytest.raises(ValueError, match="needs >= 2 members"):
+        MemberBatches(base, members=1, seed=0)
+
+
+def test_an_ensemble_with_its_own_batches_trains_member_m_on_its_own_samples():
+    torch.manual_seed(0)
+    ensemble = build_model(
+        "hamida", bands=6, num_classes=4, dropout=0.0, members=2, own_batches=True
+    )
+    x, y = torch.randn(5, 2, 6, 5, 5), torch.tensor([[0, 1], [2, 3], [1, 1], [0, 2], [3, 0]])
+    stacked = ensemble.train()(x)
+    assert stacked.shape == (5, 4, 2)
+    for m, member in enumerate(ensemble.members):
+        torch.testing.assert_close(stacked[..., m], member(x[:, m]))
+    # Each member's loss on its own samples, their mean: still a mean over the batch.
+    each = [torch.nn.functional.cross_entropy(stacked[..., m], y[:, m]) for m in range(2)]
+    torch.testing.assert_close(member_cross_entropy(stacked, y), sum(each) / 2)
+    right = [(stacked[..., m].argmax(1) == y[:, m]).sum() for m in range(2)]
+    assert member_correct_predictions(stacked, y) == float(sum(right)) / 2
+    with pytest.raises(ValueError, match=r"takes \(N, 2, ...\) inputs in training"):
+        ensemble(torch.randn(5, 6, 5, 5))
+    # Predicting reads one patch a pixel, as before.
+    assert ensemble.eval()(torch.randn(5, 6, 5, 5)).shape == (5, 4)

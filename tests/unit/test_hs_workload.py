@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
+from hyperspectral import artifacts as hs_artifacts
 from hyperspectral import workload as hs_workload
 from hyperspectral.datasets import get_scene
 from hyperspectral.metrics import confusion_matrix, metrics_from_confusion
@@ -54,6 +55,7 @@ def test_options_and_their_defaults():
         "split_file": None,
         "dropout": None,
         "ensemble": 1,
+        "ensemble_batches": "own",
         "map": True,
     }
     assert _option("download").type is bool and _option("map").type is bool
@@ -216,6 +218,17 @@ def test_an_ensemble_is_built_and_signed_only_when_asked_for():
     assert not isinstance(one.build_model(), Ensemble) and "ensemble" not in one.signature
     assert isinstance(two.build_model(), Ensemble) and two.signature["ensemble"] == 2
     assert "model hamida x2," in two.description
+    # By default each member reads its own batches: a training sample is a patch a member.
+    x, y = two.train_set.__getitems__([0, 1, 2])
+    channels = one.sample_shape[0]
+    assert two.sample_shape == (2, channels, 5, 5) and x.shape == (3, 2, channels, 5, 5)
+    assert y.shape == (3, 2) and two.signature["ensemble_batches"] == "own"
+    assert two.build_model().own_batches and len(two.train_set) == len(one.train_set)
+    # Shared batches: every member reads the one patch, as ensembles did before the option.
+    shared = _build(model="hamida", patch_size=5, ensemble=2, ensemble_batches="shared")
+    assert shared.sample_shape == one.sample_shape and "ensemble_batches" not in shared.signature
+    assert shared.train_set.__getitems__([0, 1, 2])[0].shape == (3, channels, 5, 5)
+    assert not shared.build_model().own_batches
 
 
 def test_pca_zero_keeps_the_bands():
@@ -270,9 +283,9 @@ def test_artifacts_write_metrics_split_and_map(tmp_path, monkeypatch):
     metrics = metrics_from_confusion(np.diag([3, 4, 5, 6]) + 1)
     ctx = ArtifactContext(tmp_path, metrics, predictions, title="hyperspectral, 1 rank")
     titles = []
-    drawn = hs_workload.save_map
+    drawn = hs_artifacts.save_map
     monkeypatch.setattr(
-        hs_workload, "save_map", lambda *a, **k: titles.append(k["title"]) or drawn(*a, **k)
+        hs_artifacts, "save_map", lambda *a, **k: titles.append(k["title"]) or drawn(*a, **k)
     )
     written = work.artifacts(ctx)
     # The map names the scene and the model: the trainer's title names only the job.
@@ -351,7 +364,7 @@ def test_the_map_counts_errors_on_the_splits_test_pixels_and_names_the_bands(mon
         path.write_bytes(b"png")
         return path
 
-    monkeypatch.setattr(hs_workload, "save_map", record)
+    monkeypatch.setattr(hs_artifacts, "save_map", record)
     work = _build(map=True)
     scene = get_scene("synthetic")
     metrics = metrics_from_confusion(np.eye(4, dtype=np.int64) * 2)

@@ -69,12 +69,14 @@ def test_a_rank_with_a_zero_share_keeps_the_update_exact(overlap, one_process, t
     assert max_difference(model, one_process) < 1e-5
 
 
-def test_an_ensemble_on_unequal_ranks_with_a_zero_share_matches_one_process(tmp_path):
-    """A deep ensemble's (N, K, M) outputs and its members' mean loss keep the update exact."""
+@pytest.mark.parametrize("batches", ["own", "shared"])
+def test_an_ensemble_on_unequal_ranks_with_a_zero_share_matches_one_process(tmp_path, batches):
+    """A deep ensemble's (N, K, M) outputs and its members' mean loss keep the update exact,
+    whether each member reads its own batches (of samples picked by index) or all share."""
     from lbtrain import SingleProcessCommunicator
     from lbtrain.cli.main import main
 
-    ensemble = ("--ensemble", "2")
+    ensemble = ("--ensemble", "2", "--ensemble-batches", batches)
     alone = tmp_path / "one"
     assert main([*COMMON, *ensemble, "--out", str(alone)], comm=SingleProcessCommunicator()) == 0
     reference = trained(alone)[0]
