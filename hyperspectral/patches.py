@@ -120,7 +120,7 @@ class MemberBatches(Dataset):
         if members < 2:
             raise ValueError(f"MemberBatches needs >= 2 members, got {members}")
         self.base = base
-        rng = np.random.default_rng([seed, 0xE5])  # not the split's or the sampler's stream
+        rng = np.random.default_rng([seed, 7919])  # not the split's or the sampler's stream
         n = len(base)
         orders = [np.arange(n)] + [rng.permutation(n) for _ in range(members - 1)]
         self.orders = torch.from_numpy(np.stack(orders))  # (M, n)
