@@ -25,6 +25,7 @@ from lbtrain.cli.common import (
 )
 from lbtrain.comm import Communicator
 from lbtrain.session import agree, root_value
+from lbtrain.text import plural
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import (
     CURVES_MODES,
@@ -316,11 +317,11 @@ def _check_inherited_emulation(
             parse(value, world_size)
         except ValueError:
             flag = _flag(name)
+            each = " an entry" if name == "emulate_change" else ""
             raise ValueError(
                 f"{flag} {value} comes from the checkpoint and does not fit this job of "
-                f"{world_size} rank{'' if world_size == 1 else 's'}; give {flag} with "
-                f"{world_size} factors{' an entry' if name == 'emulate_change' else ''}, or "
-                f"{flag} '' to train without it"
+                f"{plural(world_size, 'rank')}; give {flag} with "
+                f"{plural(world_size, 'factor')}{each}, or {flag} '' to train without it"
             ) from None
 
 

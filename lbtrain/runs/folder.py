@@ -100,11 +100,13 @@ class Run:
 
     @property
     def devices(self) -> list[str]:
-        """Each rank's device as the run printed it ("cpu", "cpu x4"); empty if unknown."""
-        if self.start and isinstance(self.start.get("devices"), list):
-            return [str(device) for device in self.start["devices"]]
+        """Each rank's device as the run printed it ("cpu", "cpu x4"): as it ended, from
+        summary.json, else as the last session started; empty if unknown. (An emulated
+        slowdown may change mid-run: the end's is the one the plan in force was made for.)"""
         if self.summary and isinstance(self.summary.get("ranks"), list):
             return [device_label(row) for row in self.summary["ranks"]]
+        if self.start and isinstance(self.start.get("devices"), list):
+            return [str(device) for device in self.start["devices"]]
         return []
 
     @property
@@ -176,6 +178,7 @@ class Run:
             ranks = start.get("world_size")
             at = start.get("resumed_at")
             if isinstance(at, dict):
+                before = at.get("world_size", before)  # absent before lbtrain wrote it
                 epoch, step = at.get("epoch", 0), at.get("step", 0)
                 where = f"in epoch {epoch + 1} after step {step}" if step else ""
                 where = where or f"after epoch {epoch}"
@@ -386,8 +389,8 @@ def _writer(path: Path) -> str | None:
         return None
     with handle:
         try:
-            # A shared lock, let go at once: a train starting in this instant is refused
-            # as if the folder were in use, and says so; nothing is written either way.
+            # A shared lock, let go at once: a train starting in this instant tries again
+            # (trainer/run_folder.py), so it is not refused for it.
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return handle.read().strip() or "unknown"

@@ -77,7 +77,13 @@ def open_metrics(setup: Setup, engine: Engine) -> Iterator[MetricsStream | _Sile
                 "epochs": state.epochs,
                 "batch_sizes": list(engine.loader.plan.batch_sizes),
                 "devices": [device_label(d) for d in setup.devices],
-                "resumed_at": {"epoch": state.epoch, "step": state.step}
+                # Where, and from how many ranks (a resume into a new folder has no
+                # earlier start record to say).
+                "resumed_at": {
+                    "epoch": state.epoch,
+                    "step": state.step,
+                    "world_size": len(setup.checkpoint.get("ranks") or []) or None,
+                }
                 if setup.checkpoint is not None
                 else None,
             }

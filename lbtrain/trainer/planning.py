@@ -204,11 +204,17 @@ def _resumed_plan(
     profiles = [ReplicaProfile.from_dict(p) for p in profiles] if profiles else None
     changed = [n for n in _PLAN_SETTINGS if getattr(config, n) not in (None, saved.get(n))]
     if checkpoint.get("devices") != devices:
+        before = checkpoint.get("devices", [])
         why = (
-            f"the checkpoint ran on {plural(len(checkpoint.get('devices', [])), 'rank')} "
-            f"({_device_list(checkpoint.get('devices', []))}), this job on {comm.size} "
-            f"({_device_list(devices)})"
+            f"the checkpoint ran on {plural(len(before), 'rank')} "
+            f"({_device_list(before)}), this job on {comm.size} ({_device_list(devices)})"
         )
+        if _device_list(before) == _device_list(devices):  # the same labels: say what moved
+            why += "; " + ", ".join(
+                f"{key} {_field(before, key)} -> {_field(devices, key)}"
+                for key in ("host", "threads")
+                if _field(before, key) != _field(devices, key)
+            )
     elif plan.global_batch_size != config.global_batch:
         why = f"the global batch changed from {plan.global_batch_size} to {config.global_batch}"
     elif changed:
@@ -296,6 +302,10 @@ def _check_plan(plan: BalancePlan, config: TrainConfig, world_size: int) -> None
             f"min_batch={config.min_batch}; lower min_batch, or leave the plan file out to "
             "plan with it"
         )
+
+
+def _field(devices: list[dict[str, Any]], key: str) -> str:
+    return ",".join(str(d.get(key)) for d in devices)
 
 
 def _device_list(devices: list[dict[str, Any]]) -> str:

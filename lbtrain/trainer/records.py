@@ -36,6 +36,10 @@ class EpochRecord:
     batch_sizes: list[int] = field(default_factory=list)
     ranks: list[dict[str, float]] = field(default_factory=list)
     replan: dict[str, Any] | None = None
+    # Of `steps` and `seconds`, what ran before a resume on another world size: this rank's
+    # own figures (what re-planning reads) are the rest.
+    carried_steps: int = 0
+    carried_seconds: float = 0.0
 
     @property
     def step_seconds(self) -> float:
@@ -74,9 +78,9 @@ class EpochRecord:
             "predicted": self.predicted_compute,
             "wait": self.wait,
             "comm": self.comm,
-            "seconds": self.seconds,
+            "seconds": self.seconds - self.carried_seconds,
             "samples": float(self.own_samples),
-            "steps": float(self.steps),
+            "steps": float(self.steps - self.carried_steps),
             "slowdown": self.slowdown,
             "seconds_per_sample": self.compute / self.own_samples if self.own_samples else 0.0,
         }
@@ -117,6 +121,8 @@ class EpochRecord:
         this rank's own (time split, samples, prediction) start at zero, under its plan."""
         return dataclasses.replace(
             self,
+            carried_steps=self.steps,
+            carried_seconds=self.seconds,
             compute=0.0,
             wait=0.0,
             comm=0.0,

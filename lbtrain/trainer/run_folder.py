@@ -16,6 +16,7 @@ import errno
 import fcntl
 import os
 import shutil
+import time
 import warnings
 from collections.abc import Iterable
 from datetime import datetime
@@ -204,7 +205,7 @@ def hold_run_folder(out: Path, given: str) -> IO[str]:
     """
     handle = (out / LOCK_FILE).open("a+")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _lock(handle)
     except BlockingIOError:
         handle.seek(0)
         pid = handle.read().strip() or "unknown"
@@ -229,6 +230,19 @@ def hold_run_folder(out: Path, given: str) -> IO[str]:
     return handle
 
 
+def _lock(handle: IO[str]) -> None:
+    """flock `handle` exclusively, trying a few times over a quarter of a second: `lbtrain
+    show` and another start's check hold the lock for an instant, a run holds it for good."""
+    for _ in range(LOCK_TRIES - 1):
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            time.sleep(LOCK_RETRY_SECONDS)
+    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+LOCK_TRIES, LOCK_RETRY_SECONDS = 6, 0.05
 # What flock raises where the file system keeps no locks, rather than where one is held.
 _NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 

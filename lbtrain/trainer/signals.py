@@ -9,8 +9,10 @@ handler raises at once, and the CLI ends the job with 130 or 143 and one line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +49,7 @@ class StopSignal:
         self.signals: list[int] = []
         self.deferred = False
         self.announce = announce
+        self._announce_to: tuple[int, bool] | None = None  # stderr's descriptor, a terminal?
 
     def request(self, signum: int) -> None:
         """Ask for a stop as a signal would (tests, and ranks that are threads)."""
@@ -65,9 +68,12 @@ class StopSignal:
         self.signals.append(signum)
         if not self.deferred:
             raise Interrupted(signum)
-        if self.announce and signum == signal.SIGINT:
+        if self._announce_to is not None and signum == signal.SIGINT:
+            fd, terminal = self._announce_to
             # os.write: print() inside a handler can re-enter a write that it interrupted.
-            os.write(2, _SECOND_PRESS.encode())
+            # On a terminal a progress bar may hold the line: start a new one.
+            with contextlib.suppress(OSError):  # a full pipe must not break the step
+                os.write(fd, (("\n" if terminal else "") + _SECOND_PRESS).encode())
 
     @contextmanager
     def deferring(self) -> Iterator[StopSignal]:
@@ -89,9 +95,23 @@ class StopSignal:
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
+        self._announce_to = _stderr() if self.announce else None
         previous = {s: signal.signal(s, self._handle) for s in SIGNAL_EXIT}
         try:
             yield self
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+def _stderr() -> tuple[int, bool] | None:
+    """sys.stderr's descriptor and whether it is a terminal; None where there is none (a
+    process started with stderr closed: descriptor 2 may then be any file it opened)."""
+    stream = sys.stderr
+    if stream is None:
+        return None
+    try:
+        fd = stream.fileno()
+        return fd, os.isatty(fd)
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor
+        return None

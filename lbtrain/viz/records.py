@@ -3,8 +3,9 @@
 Record types (the ``type`` key); times are Unix seconds, epochs are 1-based:
 
 - ``start``: ``time, world_size, policy, global_batch, epochs, batch_sizes, devices,
-  resumed_at`` (null, or ``{"epoch": E, "step": S}`` for a resumed run: a resumed run's file
-  holds one start record per attempt).
+  resumed_at`` (null, or ``{"epoch": E, "step": S, "world_size": N}`` for a resumed run:
+  epochs done, steps of the next, and the checkpoint's ranks; a resumed run's file holds
+  one start record per attempt).
 - ``epoch``: ``epoch, time, steps, samples, loss, accuracy`` (null for a workload without
   one), ``lr, seconds, step_seconds, predicted_step_seconds, idle_fraction, batch_sizes,
   ranks`` (a list of ``{rank, samples, compute, wait, comm, seconds}``) and ``replan`` (null,

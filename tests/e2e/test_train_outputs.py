@@ -91,6 +91,30 @@ def test_a_folder_another_run_is_writing_is_refused_before_any_work(tmp_path, ca
     assert code == 0, err
 
 
+def test_a_lock_held_for_an_instant_is_waited_for_and_a_held_one_refused(tmp_path, monkeypatch):
+    """`lbtrain show` (and another start's check) takes the lock for an instant: a run that
+    starts then must try again, not be refused as if a run were writing there."""
+    import fcntl
+
+    from lbtrain.trainer import run_folder
+
+    real, busy = fcntl.flock, []
+
+    def flock(handle, operation):
+        if operation & fcntl.LOCK_EX and busy and busy.pop():
+            raise BlockingIOError(errno.EWOULDBLOCK, "held")
+        return real(handle, operation)
+
+    monkeypatch.setattr(run_folder.fcntl, "flock", flock)
+    monkeypatch.setattr(run_folder.time, "sleep", lambda seconds: None)
+    busy[:] = [True] * (run_folder.LOCK_TRIES - 1)  # held for all tries but the last
+    release_run_folder(hold_run_folder(tmp_path, str(tmp_path)))
+    assert not busy
+    busy[:] = [True] * run_folder.LOCK_TRIES  # held throughout: a run is writing there
+    with pytest.raises(ValueError, match="is in use"):
+        hold_run_folder(tmp_path, str(tmp_path))
+
+
 def test_a_plan_file_records_its_policy_and_keeps_a_min_batch_it_meets(tmp_path, capsys):
     """Re-plans follow the plan's own policy and smallest batch: config.toml says so, and a
     --min-batch the plan meets is carried into it, so that re-plans keep it too."""

@@ -213,6 +213,15 @@ def test_show_says_where_a_run_was_resumed(runs, tmp_path, capsys):
     code, out, err = _cli(capsys, "show", str(stopped))
     assert code == 0 and not err, err
     assert out.splitlines()[1] == "  resumed in epoch 2 after step 4 on 1 rank", out
+    # Into a new folder, the one start record still says how many ranks it came from.
+    later = tmp_path / "later"
+    checkpoint = sorted((stopped / "checkpoints").glob("step-*.pt"))[0]
+    assert _cli(capsys, "train", "--resume", str(checkpoint), "--quiet", "--epochs", "5",
+                "--out", str(later))[0] == 0  # fmt: skip
+    assert load_run(later).resumes == ["after epoch 3 on 1 rank"]
+    starts = [r for r in map(json.loads, (later / "metrics.jsonl").read_text().splitlines())
+              if r["type"] == "start"]  # fmt: skip
+    assert starts[0]["resumed_at"]["world_size"] == 1
 
 
 def test_show_on_a_folder_a_run_is_writing_says_so_and_offers_no_resume(runs, tmp_path, capsys):

@@ -432,6 +432,10 @@ def test_the_summary_labels_each_rank_with_its_slowdown_as_the_run_ended(tmp_pat
     assert job.codes == [0, 0], job.output()
     ranks = json.loads((out / "summary.json").read_text())["ranks"]
     assert [row["slowdown"] for row in ranks] == [3.0, 1.0], ranks
+    # `show` and `compare` label the ranks as the run ended, in every table.
+    from lbtrain.runs import load_run
+
+    assert load_run(out).devices == ["cpu x3", "cpu"]
 
 
 def short_on_rank_1(seed: int = 0):

@@ -380,6 +380,19 @@ def test_a_first_ctrl_c_while_training_says_a_second_one_loses_the_checkpoint(ca
         assert capfd.readouterr().err == ""
 
 
+def test_a_ctrl_c_announcement_never_writes_to_descriptor_2_when_stderr_was_closed(
+    monkeypatch, capfd
+):
+    # Started with `2>&-`, Python has no sys.stderr, and descriptor 2 may be any file the
+    # run opened later (its folder's lock): nothing may be written there.
+    import signal
+
+    monkeypatch.setattr("sys.stderr", None)
+    with StopSignal(announce=True).installed() as stop, stop.deferring():
+        signal.raise_signal(signal.SIGINT)
+    assert stop.code == 130 and capfd.readouterr().err == ""
+
+
 def test_progress_prints_plain_lines_off_a_terminal():
     stream = io.StringIO()
     progress = Progress(True, epochs=2, log_every=2, stream=stream)

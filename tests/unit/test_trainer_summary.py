@@ -96,3 +96,49 @@ def test_a_resume_on_a_re_planned_plan_says_which_plan_trains(resumed):
     assert bool(note) == resumed, said
     if resumed:
         assert f"batches {list(plan.batch_sizes)} of 64" in note[0], note
+
+
+def test_an_epoch_taken_up_by_another_world_keeps_the_jobs_sums_and_measures_its_own():
+    """Re-planning reads a rank's measured steps, samples and seconds: after a resume on
+    another number of ranks those must be the resumed steps only, not the epoch's."""
+    before = EpochRecord(
+        epoch=3, steps=3, samples=120, loss_sum=60.0, metric_sum=40.0, seconds=3.0,
+        compute=2.5, wait=0.2, comm=0.3, own_samples=30, predicted_seconds=2.7, lr=1e-3,
+        batch_sizes=[10, 30],
+    )  # fmt: skip
+    taken_up = EpochRecord(**before.to_dict()).job_wide(batch_sizes=[40], slowdown=2.0)
+    assert (taken_up.steps, taken_up.samples, taken_up.loss) == (3, 120, 0.5)
+    assert (taken_up.seconds, taken_up.lr, taken_up.batch_sizes) == (3.0, 1e-3, [40])
+    assert taken_up.measured()["steps"] == 0 and taken_up.measured()["seconds"] == 0
+    # Two more steps on the new world: the epoch has 5, this rank measured 2 of them.
+    taken_up.steps, taken_up.seconds, taken_up.own_samples = 5, 5.0, 80
+    taken_up.compute, taken_up.wait, taken_up.comm = 1.6, 0.1, 0.3
+    mine = taken_up.measured()
+    assert (mine["steps"], mine["samples"], mine["seconds"]) == (2, 80, 2.0)
+    assert mine["seconds_per_sample"] == pytest.approx(1.6 / 80) and mine["slowdown"] == 2.0
+    # A checkpoint of the new world carries the counts, so a second stop keeps them apart.
+    assert EpochRecord(**taken_up.to_dict()).measured() == mine
+
+
+def test_a_resume_on_other_threads_or_hosts_says_what_moved(capsys):
+    from lbtrain import SingleProcessCommunicator, plan_batches
+    from lbtrain.trainer import TrainConfig
+    from lbtrain.trainer.planning import _resumed_plan
+
+    device = {"device": "cpu", "host": "a", "threads": 1, "slowdown": 1.0}
+    checkpoint = {
+        "devices": [device],
+        "plan": plan_batches([1.0], 40, "cost").to_dict(),
+        "config": {},
+        "profiles": None,
+    }
+    config = TrainConfig(workload="faulty", global_batch=40)
+    now = [{**device, "threads": 2}]
+    assert _resumed_plan(SingleProcessCommunicator(), config, checkpoint, now) is None
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(
+        "the checkpoint ran on 1 rank (cpu), this job on 1 (cpu); threads 1 -> 2:"
+    ), line
+    # Another device is named by its label, with nothing more.
+    _resumed_plan(SingleProcessCommunicator(), config, checkpoint, [{**device, "slowdown": 2.0}])
+    assert "this job on 1 (cpu x2): planning again" in capsys.readouterr().out
