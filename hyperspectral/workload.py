@@ -162,7 +162,8 @@ OPTIONS: tuple[WorkloadOption, ...] = (
         "own",
         "with --ensemble: own: each member reads the training samples in its own order, so "
         "the members differ in their batches as well as their initial weights; shared: "
-        "every member reads the same batches (as runs before this option did)",
+        "every member reads the same batches (as runs before this option did: resume "
+        "their checkpoints with it)",
         type=parse_choice("ensemble_batches", ENSEMBLE_BATCHES),
         choices=ENSEMBLE_BATCHES,
     ),

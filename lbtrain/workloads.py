@@ -93,7 +93,7 @@ class Workload:
         signature: what identifies the trained model and data (dataset, model, sizes); a
             checkpoint whose signature differs is refused on resume. Leave out an option
             added later while it is at its default, so older checkpoints still resume (the
-            refusal calls a missing key "its default").
+            refusal calls a missing key "not set (a default, or older)").
         description: one line about the data, printed at the start of training.
         step_metric: the training step's metric, summed over the batch (a classifier passes
             `correct_predictions`); the trainer reports its sum over the global batch divided

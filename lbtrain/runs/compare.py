@@ -41,7 +41,7 @@ def format_comparison(runs: Sequence[Run], fmt: str = "text") -> str:
         *map(metric_title, metrics),
     ]
     rows = [
-        [name, *(_setting(run, key) for key in settings), *_row(run, metrics)]
+        [name, *(_setting(run, key, runs) for key in settings), *_row(run, metrics)]
         for run, name in zip(runs, names, strict=True)
     ]
     render = markdown_table if fmt == "markdown" else text_table
@@ -82,30 +82,33 @@ def _devices(labels: Sequence[str]) -> str:
 # Recipe settings that change neither what a run trains nor how fast: never a column.
 _NOT_COMPARED = frozenset(
     ("out", "resume", "overwrite", "quiet", "log_every", "log_level", "curves", "keep",
-     "checkpoint_every", "eval_batch", "config")
+     "checkpoint_every", "eval_batch", "config", "trace", "tensorboard")
 )  # fmt: skip
 # The most settings shown as columns; the rest are named in a note.
 MAX_SETTINGS = 6
-# A cell for a workload option a run's config.toml does not set: the workload's default.
+# A cell for a setting a run's config.toml leaves out: the default applied.
 DEFAULT = "default"
 
 
 def _recipe_items(run: Run) -> dict[str, Any]:
-    """The run's config.toml as one flat mapping (its workload options beside the rest)."""
+    """The run's config.toml as one flat mapping: its workload's options first (what tells
+    recipes apart most often: model, patch, ...), then the trainer's settings; an option
+    named like a setting is shown as ``workload.NAME``."""
+    recipe = run.recipe or {}
+    plain = {k: v for k, v in recipe.items() if not isinstance(v, dict)}
     flat: dict[str, Any] = {}
-    for key, value in (run.recipe or {}).items():
-        if isinstance(value, dict):
-            flat.update(value)
-        else:
-            flat[key] = value
-    return flat
+    for table in (v for v in recipe.values() if isinstance(v, dict)):
+        flat.update({(f"workload.{k}" if k in plain else k): v for k, v in table.items()})
+    return {**flat, **plain}
 
 
 def _differing(runs: Sequence[Run]) -> tuple[list[str], list[str]]:
-    """The recipe settings whose values differ between the runs, in config.toml's order:
-    the first MAX_SETTINGS to show as columns, and the others."""
+    """The recipe settings whose values differ between the runs: the first MAX_SETTINGS to
+    show as columns, and the others."""
     recipes = [_recipe_items(run) for run in runs if run.recipe is not None]
+    plain = {k for run in runs for k, v in (run.recipe or {}).items() if not isinstance(v, dict)}
     keys = dict.fromkeys(key for recipe in recipes for key in recipe)
+    keys = dict.fromkeys([*(k for k in keys if k not in plain), *(k for k in keys if k in plain)])
     differing = [
         key
         for key in keys
@@ -115,10 +118,20 @@ def _differing(runs: Sequence[Run]) -> tuple[list[str], list[str]]:
     return differing[:MAX_SETTINGS], differing[MAX_SETTINGS:]
 
 
-def _setting(run: Run, key: str) -> str:
+def _setting(run: Run, key: str, runs: Sequence[Run]) -> str:
     if run.recipe is None:
         return MISSING  # no config.toml: the run's settings are not known
-    value = _recipe_items(run).get(key, DEFAULT)
+    items = _recipe_items(run)
+    if key not in items:
+        # A workload option the run's own workload may not have: "default" only where a run
+        # of the same workload sets it.
+        option = all(key not in (r.recipe or {}) for r in runs)
+        workload = run.recipe.get("workload")
+        ours = [r for r in runs if r.recipe and r.recipe.get("workload") == workload]
+        if option and not any(key in _recipe_items(r) for r in ours):
+            return MISSING
+        return DEFAULT
+    value = items[key]
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):

@@ -107,7 +107,7 @@ def check_trainable(
 def _signed(signature: dict[str, Any], key: str) -> str:
     """A signature's value for the refusal; a workload leaves out an option at its default
     (so that checkpoints from before the option still resume)."""
-    return repr(signature[key]) if key in signature else "its default"
+    return repr(signature[key]) if key in signature else "not set (a default, or older)"
 
 
 # Settings a resumed run must keep: its optimizer state, schedule, data order and split were

@@ -41,6 +41,7 @@ from lbtrain.trainer.callbacks import (
 )
 from lbtrain.trainer.checkpoint import CHECKPOINT_DIR, save_checkpoint
 from lbtrain.trainer.config import TrainConfig, save_toml
+from lbtrain.trainer.data_check import check_same_data, data_identity
 from lbtrain.trainer.engine import Callback, Engine, RunState, StepTimer
 from lbtrain.trainer.observers import TensorBoardCallback, TraceCallback
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
@@ -140,8 +141,8 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     )
     workload = build_workload(comm, config.workload, config.seed, config.workload_options)
     agree(comm, lambda: check_trainable(workload, config, comm.size, checkpoint))
-    built = comm.allgather(_data_identity(workload))
-    agree(comm, lambda: _check_same_data(built))
+    built = comm.allgather(data_identity(workload))
+    agree(comm, lambda: check_same_data(built))
     devices = comm.allgather(
         {
             "device": replica.assignment.device,
@@ -291,33 +292,6 @@ def build_engine(
             f"{plural(comm.size, 'rank')}"
         )
     return engine
-
-
-def _data_identity(workload: Workload) -> dict[str, Any]:
-    """What every rank's copy of the data must agree on: its sizes and the workload's
-    signature (the hyperspectral one holds a fingerprint of the split's pixels)."""
-    return {
-        "training samples": len(workload.train_set),  # type: ignore[arg-type]
-        "evaluation samples": len(workload.eval_set),  # type: ignore[arg-type]
-        **{str(k): v for k, v in dict(workload.signature).items()},
-    }
-
-
-def _check_same_data(built: list[dict[str, Any]]) -> None:
-    """Every rank built the data rank 0 built; else the sampler's indices would pick other
-    samples on each rank, with no error. One line naming the first rank that differs."""
-    for rank, theirs in enumerate(built[1:], start=1):
-        if theirs != built[0]:
-            diff = ", ".join(
-                f"{k} {theirs.get(k)!r} (rank 0: {built[0].get(k)!r})"
-                for k in dict.fromkeys([*built[0], *theirs])
-                if theirs.get(k) != built[0].get(k)
-            )
-            raise ValueError(
-                f"rank {rank} built other data than rank 0: {diff}; every rank must read the "
-                "same data: check the data files, the workload's options and the seed on "
-                "every node"
-            )
 
 
 def _timer(setup: Setup) -> StepTimer:

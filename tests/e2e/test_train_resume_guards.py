@@ -164,7 +164,10 @@ def test_a_checkpoint_of_another_model_or_split_is_refused(tmp_path, capsys):
         (["--model", "hamida", "--patch-size", "3"], ("model 'hu' (this run: 'hamida')",)),
         (["--model", "hu", "--train-ratio", "0.3"], ("split_digest",)),
         # One model resumed as an ensemble: its weights do not fit the members.
-        (["--model", "hu", "--ensemble", "2"], ("ensemble its default (this run: 2)",)),
+        (
+            ["--model", "hu", "--ensemble", "2"],
+            ("ensemble not set (a default, or older) (this run: 2)",),
+        ),  # fmt: skip
     ):
         code, _, err = _train(
             capsys, *scene, "--resume", str(out), "--epochs", "2",

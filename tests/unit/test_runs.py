@@ -266,15 +266,16 @@ def _expected_row(folder: Path, metrics: list[str]) -> list[str]:
 
 
 def _settings(folder: Path, keys: list[str]) -> list[str]:
-    """The run's config.toml values of `keys` as compare prints them."""
+    """The run's config.toml values of `keys` as compare prints them; '-' for an option of
+    another workload (the faulty run has no dataset or model)."""
     recipe = tomllib.loads((folder / "config.toml").read_text())
     flat = {**recipe, **recipe.pop("workload_options", {})}
-    return [str(flat.get(key, "default")).lower() for key in keys]
+    return [str(flat.get(key, "-")).lower() for key in keys]
 
 
-# The first six settings that differ between the scene run and the faulty one, in
-# config.toml's order (the runs' own files: workload, epochs, batch, plan, evaluation).
-SCENE_VS_FAULTY = ["workload", "epochs", "global_batch", "plan", "eval_every", "dataset"]
+# The first six settings that differ between the scene run and the faulty one: the scene's
+# workload options first, then config.toml's settings in its order.
+SCENE_VS_FAULTY = ["dataset", "model", "map", "workload", "epochs", "global_batch"]
 
 
 def test_compare_prints_one_aligned_row_per_run(runs, capsys):
@@ -296,7 +297,7 @@ def test_compare_prints_one_aligned_row_per_run(runs, capsys):
         assert line.split() == " ".join(row).split()
     # Settings past the sixth are named, not shown.
     assert re.fullmatch(
-        r"note: \d+ more settings? differs?: model, .* \(lbtrain show RUN .*", lines[5]
+        r"note: 2 more settings differ: plan, eval_every \(lbtrain show RUN .*", lines[5]
     )
     # Aligned: every column starts where its heading does.
     starts = [m.start() for m in re.finditer(r"(?<=  )\S", lines[1])]
@@ -345,6 +346,19 @@ def test_compare_shows_the_settings_that_differ_as_columns(runs, tmp_path, capsy
     assert lines[2].split()[:3] == ["finished", "0.001", "0"], out
     assert lines[3].split()[:3] == ["other", "0.01", "7"], out
     assert len(lines) == 4, out  # nothing more differs, so no note
+    # A workload option one run sets is "default" in a run of the same workload that left
+    # it out; the options come first; a run without config.toml is "-" in every column.
+    (other / "config.toml").write_text(recipe + "step_sleep = 0.0\n")
+    bare = tmp_path / "bare"
+    shutil.copytree(runs["finished"], bare)
+    (bare / "config.toml").unlink()
+    code, out, err = _cli(capsys, "compare", str(runs["finished"]), str(other), str(bare))
+    assert code == 0 and not err, err
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["run", "step_sleep", "lr", "seed", "policy"], out
+    assert lines[2].split()[:4] == ["finished", "default", "0.001", "0"], out
+    assert lines[3].split()[:4] == ["other", "0.0", "0.01", "7"], out
+    assert lines[4].split()[:4] == ["bare", "-", "-", "-"], out
 
 
 def test_compare_shows_an_unfinished_run_with_dashes_and_a_note(runs, capsys):

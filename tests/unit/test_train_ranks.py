@@ -465,3 +465,25 @@ def test_ranks_that_built_other_data_are_refused_before_training(tmp_path):
     assert "rank 1 built other data than rank 0: training samples 199 (rank 0: 200)" in line
     assert "check the data files, the workload's options and the seed on every node" in line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_signatures_are_compared_by_value_and_a_differing_one_is_named():
+    import math
+
+    import numpy as np
+
+    from lbtrain.trainer.data_check import check_same_data, same_value
+
+    # What ranks legitimately build alike: NaN, a float summed in another order, arrays.
+    assert same_value(math.nan, math.nan) and same_value(0.1 + 0.2, 0.3)
+    assert same_value(np.arange(3), np.arange(3)) and same_value(torch.ones(2), torch.ones(2))
+    assert same_value({"a": [1, (2.0, math.nan)]}, {"a": [1, (2.0, math.nan)]})
+    assert not same_value(np.arange(3), np.arange(4)) and not same_value(1.0, 1.001)
+    assert not same_value("ab", "ac") and not same_value([1, 2], [1, 2, 3])
+    rank0 = {"training samples": 200, "split_digest": "aa", "mean": math.nan}
+    check_same_data([rank0, dict(rank0), {**rank0, "mean": math.nan}])
+    with pytest.raises(ValueError) as info:
+        check_same_data([rank0, rank0, {**rank0, "split_digest": "bb"}])
+    assert str(info.value).startswith(
+        "rank 2 built other data than rank 0: split_digest 'bb' (rank 0: 'aa'); every rank"
+    )
