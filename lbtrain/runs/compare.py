@@ -90,23 +90,31 @@ MAX_SETTINGS = 6
 DEFAULT = "default"
 
 
-def _recipe_items(run: Run) -> dict[str, Any]:
+def _recipe_items(run: Run, settings: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The run's config.toml as one flat mapping: its workload's options first (what tells
     recipes apart most often: model, patch, ...), then the trainer's settings; an option
-    named like a setting is shown as ``workload.NAME``."""
+    named like a setting of this run or of any in `settings` is ``workload.NAME``."""
     recipe = run.recipe or {}
     plain = {k: v for k, v in recipe.items() if not isinstance(v, dict)}
+    taken = settings | set(plain)
     flat: dict[str, Any] = {}
     for table in (v for v in recipe.values() if isinstance(v, dict)):
-        flat.update({(f"workload.{k}" if k in plain else k): v for k, v in table.items()})
+        flat.update({(f"workload.{k}" if k in taken else k): v for k, v in table.items()})
     return {**flat, **plain}
+
+
+def _settings_of(runs: Sequence[Run]) -> frozenset[str]:
+    """The trainer's settings any of the runs' config.toml files holds."""
+    return frozenset(
+        k for run in runs for k, v in (run.recipe or {}).items() if not isinstance(v, dict)
+    )
 
 
 def _differing(runs: Sequence[Run]) -> tuple[list[str], list[str]]:
     """The recipe settings whose values differ between the runs: the first MAX_SETTINGS to
     show as columns, and the others."""
-    recipes = [_recipe_items(run) for run in runs if run.recipe is not None]
-    plain = {k for run in runs for k, v in (run.recipe or {}).items() if not isinstance(v, dict)}
+    plain = _settings_of(runs)
+    recipes = [_recipe_items(run, plain) for run in runs if run.recipe is not None]
     keys = dict.fromkeys(key for recipe in recipes for key in recipe)
     keys = dict.fromkeys([*(k for k in keys if k not in plain), *(k for k in keys if k in plain)])
     differing = [
@@ -121,14 +129,15 @@ def _differing(runs: Sequence[Run]) -> tuple[list[str], list[str]]:
 def _setting(run: Run, key: str, runs: Sequence[Run]) -> str:
     if run.recipe is None:
         return MISSING  # no config.toml: the run's settings are not known
-    items = _recipe_items(run)
+    settings = _settings_of(runs)
+    items = _recipe_items(run, settings)
     if key not in items:
         # A workload option the run's own workload may not have: "default" only where a run
         # of the same workload sets it.
         option = all(key not in (r.recipe or {}) for r in runs)
         workload = run.recipe.get("workload")
         ours = [r for r in runs if r.recipe and r.recipe.get("workload") == workload]
-        if option and not any(key in _recipe_items(r) for r in ours):
+        if option and not any(key in _recipe_items(r, settings) for r in ours):
             return MISSING
         return DEFAULT
     value = items[key]

@@ -178,7 +178,7 @@ class Run:
             ranks = start.get("world_size")
             at = start.get("resumed_at")
             if isinstance(at, dict):
-                before = at.get("world_size", before)  # absent before lbtrain wrote it
+                before = at.get("world_size") or before  # absent before lbtrain wrote it
                 epoch, step = at.get("epoch", 0), at.get("step", 0)
                 where = f"in epoch {epoch + 1} after step {step}" if step else ""
                 where = where or f"after epoch {epoch}"

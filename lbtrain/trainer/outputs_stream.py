@@ -66,6 +66,9 @@ def open_metrics(setup: Setup, engine: Engine) -> Iterator[MetricsStream | _Sile
         setup.start_outputs()
         if setup.checkpoint is not None:
             truncate_after(path, state.epoch)  # epochs a crashed run ran past its checkpoint
+            # A finished run resumed for more epochs is unfinished until it ends again: its
+            # old summary.json (written last, so a stop leaves none) must not say otherwise.
+            (setup.out / "summary.json").unlink(missing_ok=True)
         stream = MetricsStream(path, append=True)
         stream.write(
             {

@@ -209,12 +209,13 @@ def _resumed_plan(
             f"the checkpoint ran on {plural(len(before), 'rank')} "
             f"({_device_list(before)}), this job on {comm.size} ({_device_list(devices)})"
         )
-        if _device_list(before) == _device_list(devices):  # the same labels: say what moved
-            why += "; " + ", ".join(
-                f"{key} {_field(before, key)} -> {_field(devices, key)}"
-                for key in ("host", "threads")
-                if _field(before, key) != _field(devices, key)
-            )
+        moved = [
+            f"{key} {_field(before, key)} -> {_field(devices, key)}"
+            for key in ("host", "threads")
+            if _field(before, key) != _field(devices, key)
+        ]
+        if moved and _device_list(before) == _device_list(devices):  # the same labels
+            why += "; " + ", ".join(moved)
     elif plan.global_batch_size != config.global_batch:
         why = f"the global batch changed from {plan.global_batch_size} to {config.global_batch}"
     elif changed:

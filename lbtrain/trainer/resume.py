@@ -14,6 +14,7 @@ from lbtrain.data.sampler import steps_per_epoch
 from lbtrain.text import plural
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import TrainConfig
+from lbtrain.trainer.data_check import same_value
 from lbtrain.trainer.state import FORMAT
 from lbtrain.workloads import Workload
 
@@ -92,11 +93,13 @@ def check_trainable(
         _check_resumable(config, checkpoint)
         _check_mid_epoch_step(config, checkpoint, samples, world_size)
         theirs, ours = dict(checkpoint.get("signature", {})), dict(workload.signature)
-        if theirs != ours:
+        # By value, as the ranks' copies are compared: NaN, floats, arrays (data_check.py).
+        differ = [
+            k for k in sorted(set(theirs) | set(ours)) if not same_value(theirs.get(k), ours.get(k))
+        ]
+        if differ:
             diff = ", ".join(
-                f"{k} {_signed(theirs, k)} (this run: {_signed(ours, k)})"
-                for k in sorted(set(theirs) | set(ours))
-                if theirs.get(k) != ours.get(k)
+                f"{k} {_signed(theirs, k)} (this run: {_signed(ours, k)})" for k in differ
             )
             raise ValueError(
                 f"resume {checkpoint['path']!r} was trained on another model or data: {diff}; "

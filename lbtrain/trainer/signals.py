@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import sys
 import threading
@@ -72,8 +73,10 @@ class StopSignal:
             fd, terminal = self._announce_to
             # os.write: print() inside a handler can re-enter a write that it interrupted.
             # On a terminal a progress bar may hold the line: start a new one.
-            with contextlib.suppress(OSError):  # a full pipe must not break the step
-                os.write(fd, (("\n" if terminal else "") + _SECOND_PRESS).encode())
+            # Only when the write cannot block (a paused `| less`): the step waits on it.
+            with contextlib.suppress(OSError, ValueError):  # nor break the step
+                if select.select([], [fd], [], 0)[1]:
+                    os.write(fd, (("\n" if terminal else "") + _SECOND_PRESS).encode())
 
     @contextmanager
     def deferring(self) -> Iterator[StopSignal]:

@@ -243,6 +243,21 @@ def test_show_on_a_folder_a_run_is_writing_says_so_and_offers_no_resume(runs, tm
     assert "continue it with: lbtrain train --resume" in _cli(capsys, "show", str(live))[1]
 
 
+def test_a_finished_run_resumed_for_more_epochs_is_unfinished_until_it_ends_again(
+    runs, tmp_path, capsys
+):
+    # Its summary.json said "finished (4 epochs)" after a stop in epoch 5.
+    more = tmp_path / "more"
+    shutil.copytree(runs["finished"], more)
+    config = TrainConfig(
+        workload=FAULTY, resume=str(more), epochs=6, global_batch=BATCH, threads=1, quiet=True
+    )
+    assert train(config, SingleProcessCommunicator(), callbacks=[StopAt(4, 2)]).exit_code == 130
+    assert not (more / "summary.json").exists()
+    run = load_run(more)
+    assert not run.finished and run.unfinished.startswith("stopped by a signal in epoch 5 of 6")
+
+
 def test_show_counts_the_re_plans_of_the_whole_run_as_its_summary_does(runs, tmp_path, capsys):
     # A run resumed into a new folder holds only the epochs trained there, and so only
     # their re-plans; `show` once said "0 re-plans" beside a summary that counted 3.
@@ -359,6 +374,11 @@ def test_compare_shows_the_settings_that_differ_as_columns(runs, tmp_path, capsy
     assert lines[2].split()[:4] == ["finished", "default", "0.001", "0"], out
     assert lines[3].split()[:4] == ["other", "0.0", "0.01", "7"], out
     assert lines[4].split()[:4] == ["bare", "-", "-", "-"], out
+    # An option named like a trainer setting keeps its own column, whichever file holds it.
+    (other / "config.toml").write_text(recipe + "seed = 5\n")
+    code, out, err = _cli(capsys, "compare", str(runs["finished"]), str(other))
+    assert out.split()[:5] == ["run", "workload.seed", "lr", "seed", "policy"], out
+    assert out.splitlines()[3].split()[:4] == ["other", "5", "0.01", "7"], out
 
 
 def test_compare_shows_an_unfinished_run_with_dashes_and_a_note(runs, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -378,6 +379,34 @@ def test_a_first_ctrl_c_while_training_says_a_second_one_loses_the_checkpoint(ca
         with StopSignal(announce=announce).installed() as quiet, quiet.deferring():
             signal.raise_signal(signum)
         assert capfd.readouterr().err == ""
+
+
+def test_a_ctrl_c_announcement_never_waits_on_a_full_pipe(monkeypatch):
+    # `lbtrain train | less`, paused: a write would block the training step until the reader
+    # reads on. The line is left out instead.
+    import fcntl
+    import os
+    import signal
+
+    from lbtrain.trainer import signals
+
+    read, write = os.pipe()
+    try:
+        flags = fcntl.fcntl(write, fcntl.F_GETFL)
+        fcntl.fcntl(write, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(write, b"x" * 65536)
+        fcntl.fcntl(write, fcntl.F_SETFL, flags)  # blocking again, as a pipe to less is
+        monkeypatch.setattr(signals, "_stderr", lambda: (write, False))
+        written = []
+        monkeypatch.setattr(signals.os, "write", lambda fd, data: written.append(fd))
+        with StopSignal(announce=True).installed() as stop, stop.deferring():
+            signal.raise_signal(signal.SIGINT)
+        assert stop.code == 130 and written == []
+    finally:
+        os.close(read)
+        os.close(write)
 
 
 def test_a_ctrl_c_announcement_never_writes_to_descriptor_2_when_stderr_was_closed(

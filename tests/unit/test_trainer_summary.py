@@ -142,3 +142,9 @@ def test_a_resume_on_other_threads_or_hosts_says_what_moved(capsys):
     # Another device is named by its label, with nothing more.
     _resumed_plan(SingleProcessCommunicator(), config, checkpoint, [{**device, "slowdown": 2.0}])
     assert "this job on 1 (cpu x2): planning again" in capsys.readouterr().out
+    # A change no label shows and no field names leaves no empty list behind.
+    checkpoint["devices"] = [{**device, "slowdown": 2.0}]
+    _resumed_plan(
+        SingleProcessCommunicator(), config, checkpoint, [{**device, "slowdown": 2.0 + 1e-7}]
+    )
+    assert "this job on 1 (cpu x2): planning again" in capsys.readouterr().out
