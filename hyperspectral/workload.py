@@ -199,6 +199,12 @@ def _settle(options: Mapping[str, Any]) -> dict[str, Any]:
     """
     opts = _convert(plugin.resolve_options(options))
     spec = MODELS[opts["model"]]
+    if opts["ensemble_batches"] == "shared" and opts["ensemble"] == 1:
+        # Recorded in config.toml and compared between runs, it would say something untrue.
+        raise ValueError(
+            "--ensemble-batches shared applies to an ensemble, and --ensemble is 1 (one "
+            "model); give --ensemble N with N >= 2, or leave --ensemble-batches out"
+        )
     if not spec.spatial and opts["patch_size"] not in (None, 1):
         raise ValueError(
             f"--patch-size {opts['patch_size']}: --model {opts['model']} reads only the centre "
@@ -328,11 +334,11 @@ def build(seed: int = 0, **options: Any) -> Workload:
             "split": split.meta.get("kind", opts["split"]),
             # The exact pixels: resuming on another split would score trained-on pixels.
             "split_digest": split_digest(split),
-            # Only when set: checkpoints of one model, from before the option, still resume.
             **({"ensemble": members} if members > 1 else {}),
-            # Only when own: checkpoints of shared-batch ensembles, from before, still resume.
-            **({"ensemble_batches": "own"} if own else {}),
+            **({"ensemble_batches": opts["ensemble_batches"]} if members > 1 else {}),
         },
+        # What checkpoints from before these options trained: one model; shared batches.
+        signature_defaults={"ensemble": 1, "ensemble_batches": "shared"},
         description=(
             f"{scene.name} {scene.cube.shape} from {scene.source}: {len(data.train_set)} train "
             f"/ {len(data.test_set)} test pixels{guard_note(split)}, {channels} channels, "

@@ -91,9 +91,11 @@ class Workload:
         outputs: names of the files `artifacts` writes into the run folder, so that an
             overwritten run's old ones are removed before the new run starts.
         signature: what identifies the trained model and data (dataset, model, sizes); a
-            checkpoint whose signature differs is refused on resume. Leave out an option
-            added later while it is at its default, so older checkpoints still resume (the
-            refusal calls a missing key "not set (a default, or older)").
+            checkpoint whose signature differs is refused on resume, and every rank must
+            build the same one.
+        signature_defaults: what a key missing from a signature stands for: an option
+            added later, which older checkpoints trained as if it had this value (and which
+            a signature may leave out at it). The refusal names these values.
         description: one line about the data, printed at the start of training.
         step_metric: the training step's metric, summed over the batch (a classifier passes
             `correct_predictions`); the trainer reports its sum over the global batch divided
@@ -118,6 +120,7 @@ class Workload:
     artifacts: Callable[[ArtifactContext], list[Path]] | None = None
     outputs: tuple[str, ...] = ()
     signature: Mapping[str, Any] = field(default_factory=dict)
+    signature_defaults: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
     step_metric: Callable[[torch.Tensor, torch.Tensor], float] | None = None
 

@@ -92,7 +92,10 @@ def check_trainable(
     if checkpoint is not None:
         _check_resumable(config, checkpoint)
         _check_mid_epoch_step(config, checkpoint, samples, world_size)
-        theirs, ours = dict(checkpoint.get("signature", {})), dict(workload.signature)
+        # A key an older checkpoint lacks stands for the value it trained with.
+        defaults = dict(workload.signature_defaults)
+        theirs = {**defaults, **checkpoint.get("signature", {})}
+        ours = {**defaults, **workload.signature}
         # By value, as the ranks' copies are compared: NaN, floats, arrays (data_check.py).
         differ = [
             k for k in sorted(set(theirs) | set(ours)) if not same_value(theirs.get(k), ours.get(k))
@@ -108,9 +111,9 @@ def check_trainable(
 
 
 def _signed(signature: dict[str, Any], key: str) -> str:
-    """A signature's value for the refusal; a workload leaves out an option at its default
-    (so that checkpoints from before the option still resume)."""
-    return repr(signature[key]) if key in signature else "not set (a default, or older)"
+    """A signature's value for the refusal (a key neither it nor the workload's
+    signature_defaults hold: a workload that left it out)."""
+    return repr(signature[key]) if key in signature else "not set"
 
 
 # Settings a resumed run must keep: its optimizer state, schedule, data order and split were

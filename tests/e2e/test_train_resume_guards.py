@@ -140,6 +140,34 @@ def test_profiles_of_other_ranks_are_refused(two_epochs, tmp_path, capsys, field
     _one_error(code, err, f"--profiles '{path}'", *needles)
 
 
+def test_an_ensemble_checkpoint_from_before_its_batches_option_resumes_with_shared(
+    tmp_path, capsys
+):
+    """Before --ensemble-batches every member read the same batches, and checkpoints did
+    not record it: such a checkpoint is named as trained on shared batches, and resumes
+    with them."""
+    import torch
+
+    from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
+
+    scene = ["--workload", "hyperspectral", "--dataset", "synthetic", "--no-map",
+             "--model", "hu", "--ensemble", "2"]  # fmt: skip
+    out = tmp_path / "old"
+    code, _, err = _train(capsys, *scene, "--ensemble-batches", "shared", "--epochs", "1",
+                          "--out", str(out))  # fmt: skip
+    assert code == 0, err
+    path = list_checkpoints(out / "checkpoints")[-1]
+    old = load_checkpoint(path)
+    del old["signature"]["ensemble_batches"]  # as a checkpoint from before the option
+    del old["config"]["workload_options"]["ensemble_batches"]
+    torch.save(old, path)
+    code, _, err = _train(capsys, *scene, "--resume", str(out), "--epochs", "2")
+    _one_error(code, err, "ensemble_batches 'shared' (this run: 'own')")
+    code, _, err = _train(capsys, *scene, "--resume", str(out), "--epochs", "2",
+                          "--ensemble-batches", "shared")  # fmt: skip
+    assert code == 0, err
+
+
 def test_a_global_batch_above_the_training_set_is_refused_before_profiling(
     tmp_path, capsys, monkeypatch
 ):
@@ -166,7 +194,7 @@ def test_a_checkpoint_of_another_model_or_split_is_refused(tmp_path, capsys):
         # One model resumed as an ensemble: its weights do not fit the members.
         (
             ["--model", "hu", "--ensemble", "2"],
-            ("ensemble not set (a default, or older) (this run: 2)",),
+            ("ensemble 1 (this run: 2)", "ensemble_batches 'shared' (this run: 'own')"),
         ),  # fmt: skip
     ):
         code, _, err = _train(

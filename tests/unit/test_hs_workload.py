@@ -125,6 +125,14 @@ def test_converters_take_strings_and_toml_values():
         ({"split_file": "/nonexistent/split.npz"}, ("--split-file", "no such file")),
         ({"ensemble": 0}, ("--ensemble 0", ">= 1")),
         ({"ensemble": "two"}, ("--ensemble 'two'", "a whole number")),
+        (
+            {"ensemble_batches": "shared"},
+            (
+                "--ensemble-batches shared applies to an ensemble",
+                "--ensemble is 1",
+                "--ensemble N with N >= 2",
+            ),
+        ),
         # hu reads the centre pixel only: a larger patch would be silently ignored.
         ({"model": "hu", "patch_size": 5}, ("--patch-size 5", "--model hu", "hamida")),
     ],
@@ -226,7 +234,8 @@ def test_an_ensemble_is_built_and_signed_only_when_asked_for():
     assert two.build_model().own_batches and len(two.train_set) == len(one.train_set)
     # Shared batches: every member reads the one patch, as ensembles did before the option.
     shared = _build(model="hamida", patch_size=5, ensemble=2, ensemble_batches="shared")
-    assert shared.sample_shape == one.sample_shape and "ensemble_batches" not in shared.signature
+    assert shared.sample_shape == one.sample_shape
+    assert shared.signature["ensemble_batches"] == "shared"
     assert shared.train_set.__getitems__([0, 1, 2])[0].shape == (3, channels, 5, 5)
     assert not shared.build_model().own_batches
 
