@@ -10,11 +10,13 @@ from lbtrain.runs import COMPARE_FORMATS, format_comparison, load_run
 __all__ = ["add_parser", "run"]
 
 DESCRIPTION = """\
-Print one row per run folder of `lbtrain train`: the folder's name, the balancing policy,
-the ranks and their devices, the wall time, the training throughput (samples/s) and the
-final headline metrics (OA and AA in percent, kappa as a coefficient, for the
-hyperspectral workload). A run that did not finish gets '-' where its summary would say,
-and a note why. --format markdown gives a table to paste into a report, e.g.
+Print one row per run folder of `lbtrain train`: the folder's name, the settings in which
+the runs differ (from each config.toml, the workload's options first; 'default' where a run
+left one unset, '-' for another workload's option; six at most, a note names the rest), the
+balancing policy, the ranks and their devices, the wall time, the training throughput
+(samples/s) and the final headline metrics (OA and AA in percent, kappa as a coefficient,
+for the hyperspectral workload). A run that did not finish gets '-' where its summary would
+say, and a note why. --format markdown gives a table to paste into a report, e.g.
 
   lbtrain compare runs/20261125-122914 runs/20261125-140210
   lbtrain compare runs/* --format markdown > results.md
@@ -25,7 +27,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     """Register the `compare` verb."""
     parser = subparsers.add_parser(
         "compare",
-        help="tabulate several runs: policy, devices, time, samples/s, metrics",
+        help="tabulate several runs: differing settings, policy, devices, time, metrics",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
