@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from lbtrain.runs.folder import Run
 from lbtrain.text import format_metric, markdown_table, metric_title, plural, text_table
@@ -29,7 +29,8 @@ def format_comparison(runs: Sequence[Run], fmt: str = "text") -> str:
         raise ValueError(f"fmt={fmt!r} is unknown; choose one of {', '.join(COMPARE_FORMATS)}")
     names = _names(runs)
     metrics = list(dict.fromkeys(name for run in runs for name in run.metrics))
-    settings, more = _differing(runs)
+    recipes = _recipes(runs)
+    settings, more = _differing(recipes)
     header = [
         "run",
         *settings,
@@ -41,8 +42,8 @@ def format_comparison(runs: Sequence[Run], fmt: str = "text") -> str:
         *map(metric_title, metrics),
     ]
     rows = [
-        [name, *(_setting(run, key, runs) for key in settings), *_row(run, metrics)]
-        for run, name in zip(runs, names, strict=True)
+        [name, *(_setting(recipes, i, key) for key in settings), *_row(run, metrics)]
+        for i, (run, name) in enumerate(zip(runs, names, strict=True))
     ]
     render = markdown_table if fmt == "markdown" else text_table
     lines = [render(header, rows, left=4 + len(settings))]
@@ -90,57 +91,64 @@ MAX_SETTINGS = 6
 DEFAULT = "default"
 
 
-def _recipe_items(run: Run, settings: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The run's config.toml as one flat mapping: its workload's options first (what tells
-    recipes apart most often: model, patch, ...), then the trainer's settings; an option
-    named like a setting of this run or of any in `settings` is ``workload.NAME``."""
-    recipe = run.recipe or {}
-    plain = {k: v for k, v in recipe.items() if not isinstance(v, dict)}
-    taken = settings | set(plain)
-    flat: dict[str, Any] = {}
-    for table in (v for v in recipe.values() if isinstance(v, dict)):
-        flat.update({(f"workload.{k}" if k in taken else k): v for k, v in table.items()})
-    return {**flat, **plain}
+class _Recipe(NamedTuple):
+    """One run's config.toml, flat: its workload options first (what tells recipes apart
+    most often: model, patch, ...), then the trainer's settings; None without the file."""
+
+    items: dict[str, Any] | None
+    workload: Any
+    options: frozenset[str]  # which of the items are the workload's options
 
 
-def _settings_of(runs: Sequence[Run]) -> frozenset[str]:
-    """The trainer's settings any of the runs' config.toml files holds."""
-    return frozenset(
-        k for run in runs for k, v in (run.recipe or {}).items() if not isinstance(v, dict)
-    )
+def _recipes(runs: Sequence[Run]) -> list[_Recipe]:
+    """Every run's recipe, flattened once. An option named like a trainer setting in any of
+    the runs' files is ``workload.NAME``, so the two never share a column."""
+    settings = {k for run in runs for k, v in (run.recipe or {}).items() if not isinstance(v, dict)}
+    recipes = []
+    for run in runs:
+        if run.recipe is None:
+            recipes.append(_Recipe(None, None, frozenset()))
+            continue
+        flat: dict[str, Any] = {}
+        for table in (v for v in run.recipe.values() if isinstance(v, dict)):
+            flat.update({(f"workload.{k}" if k in settings else k): v for k, v in table.items()})
+        plain = {k: v for k, v in run.recipe.items() if not isinstance(v, dict)}
+        recipes.append(_Recipe({**flat, **plain}, run.recipe.get("workload"), frozenset(flat)))
+    return recipes
 
 
-def _differing(runs: Sequence[Run]) -> tuple[list[str], list[str]]:
-    """The recipe settings whose values differ between the runs: the first MAX_SETTINGS to
-    show as columns, and the others."""
-    plain = _settings_of(runs)
-    recipes = [_recipe_items(run, plain) for run in runs if run.recipe is not None]
-    keys = dict.fromkeys(key for recipe in recipes for key in recipe)
-    keys = dict.fromkeys([*(k for k in keys if k not in plain), *(k for k in keys if k in plain)])
+def _options(recipes: Sequence[_Recipe]) -> frozenset[str]:
+    """The keys that are a workload's option in any of the runs."""
+    return frozenset().union(*(r.options for r in recipes))
+
+
+def _differing(recipes: Sequence[_Recipe]) -> tuple[list[str], list[str]]:
+    """The recipe settings whose values differ between the runs, options first: the first
+    MAX_SETTINGS to show as columns, and the others."""
+    known = [r.items for r in recipes if r.items is not None]
+    keys = list(dict.fromkeys(key for items in known for key in items))
+    options = _options(recipes)
+    keys = [k for k in keys if k in options] + [k for k in keys if k not in options]
     differing = [
         key
         for key in keys
-        if key not in _NOT_COMPARED
-        and len({repr(recipe.get(key, DEFAULT)) for recipe in recipes}) > 1
+        if key not in _NOT_COMPARED and len({repr(items.get(key, DEFAULT)) for items in known}) > 1
     ]
     return differing[:MAX_SETTINGS], differing[MAX_SETTINGS:]
 
 
-def _setting(run: Run, key: str, runs: Sequence[Run]) -> str:
-    if run.recipe is None:
+def _setting(recipes: Sequence[_Recipe], index: int, key: str) -> str:
+    recipe = recipes[index]
+    if recipe.items is None:
         return MISSING  # no config.toml: the run's settings are not known
-    settings = _settings_of(runs)
-    items = _recipe_items(run, settings)
-    if key not in items:
-        # A workload option the run's own workload may not have: "default" only where a run
-        # of the same workload sets it.
-        option = all(key not in (r.recipe or {}) for r in runs)
-        workload = run.recipe.get("workload")
-        ours = [r for r in runs if r.recipe and r.recipe.get("workload") == workload]
-        if option and not any(key in _recipe_items(r, settings) for r in ours):
+    if key not in recipe.items:
+        # "default" for a setting, or an option a run of the same workload sets; "-" for
+        # an option of another workload.
+        same = [r for r in recipes if r.items is not None and r.workload == recipe.workload]
+        if key in _options(recipes) and not any(key in r.items for r in same):
             return MISSING
         return DEFAULT
-    value = items[key]
+    value = recipe.items[key]
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list):

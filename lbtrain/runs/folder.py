@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lbtrain.text import device_label
+from lbtrain.text import device_label, plural
 from lbtrain.viz.records import epoch_records, eval_records, read_metrics
 
 __all__ = ["LOCK_FILE", "RUN_MARKERS", "Run", "load_run"]
@@ -180,10 +180,11 @@ class Run:
             if isinstance(at, dict):
                 before = at.get("world_size") or before  # absent before lbtrain wrote it
                 epoch, step = at.get("epoch", 0), at.get("step", 0)
-                where = f"in epoch {epoch + 1} after step {step}" if step else ""
-                where = where or f"after epoch {epoch}"
+                where = (
+                    f"in epoch {epoch + 1} after step {step}" if step else f"after epoch {epoch}"
+                )
                 if isinstance(ranks, int):
-                    where += f" on {ranks} rank{'' if ranks == 1 else 's'}"
+                    where += f" on {plural(ranks, 'rank')}"
                     if isinstance(before, int) and before != ranks:
                         where += f", {before} before"
                 phrases.append(where)

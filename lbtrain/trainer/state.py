@@ -88,10 +88,9 @@ def restore(checkpoint: dict[str, Any], engine: Engine, *, same_plan: bool) -> N
     elif ranks:  # another world: the job's figures go on, each rank's time split starts here
         state.totals = Totals.from_state(ranks[0]["totals"]).job_wide()
         if ranks[0].get("record") is not None:
-            epoch = state.epoch
             state.record = EpochRecord(**ranks[0]["record"]).job_wide(
                 batch_sizes=list(engine.loader.plan.batch_sizes),
-                slowdown=engine.slowdown_at(epoch).factor,
+                slowdown=engine.slowdown_at(state.epoch).factor,
             )
     saved = checkpoint.get("callbacks") or {}
     for callback in engine.callbacks:
