@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from lbtrain.text import plural
 
 __all__ = [
+    "Segments",
     "Slowdown",
     "factor_at",
     "parse_slowdown_changes",
@@ -130,13 +131,18 @@ class Slowdown:
         timer: Callable[[], float] = time.perf_counter,
         synchronize: Callable[[], None] | None = None,
         cpu_timer: Callable[[], float] | None = rank_cpu_time,
-    ) -> Iterator[None]:
+    ) -> Iterator[Segments]:
         """Time the enclosed compute step and sleep afterwards by the emulated factor.
 
         The compute time is the step's wall time, less the time the OS kept this process off
         the CPU (wall minus CPU time, where positive). Without that correction, ranks that
         share cores would multiply every scheduling delay by their factor: a 4x rank
         descheduled for 3 ms would sleep 9 ms more, and profiles would be mostly noise.
+
+        It yields a `Segments` whose `split()`, called before a collective inside the step
+        (synchronised BatchNorm), sleeps for the compute since the last split: a slow device
+        is slow before each collective too, and the time spent waiting in one is not
+        stretched.
 
         Args:
             timer: wall clock in seconds.
@@ -146,18 +152,42 @@ class Slowdown:
                 the wall time as it is. Pass None on GPU ranks, whose host thread may block
                 while the device computes, and with a fake `timer`.
         """
-        if synchronize is not None:
-            synchronize()
-        start = timer()
-        cpu_start = cpu_timer() if cpu_timer is not None else 0.0
-        yield
-        if synchronize is not None:
-            synchronize()
-        wall = timer() - start
-        if cpu_timer is not None:
+        segments = Segments(self, timer, synchronize, cpu_timer)
+        yield segments
+        segments.split(restart=False)
+
+
+class Segments:
+    """The compute of one emulated step, stretched piece by piece (see `Slowdown.step`)."""
+
+    def __init__(
+        self,
+        slowdown: Slowdown,
+        timer: Callable[[], float],
+        synchronize: Callable[[], None] | None,
+        cpu_timer: Callable[[], float] | None,
+    ) -> None:
+        self._slowdown, self._timer = slowdown, timer
+        self._synchronize, self._cpu_timer = synchronize, cpu_timer
+        self._start()
+
+    def _start(self) -> None:
+        if self._synchronize is not None:
+            self._synchronize()
+        self._wall = self._timer()
+        self._cpu = self._cpu_timer() if self._cpu_timer is not None else 0.0
+
+    def split(self, restart: bool = True) -> None:
+        """Sleep for the compute since the last split (or the start); start a new piece."""
+        if self._synchronize is not None:
+            self._synchronize()
+        wall = self._timer() - self._wall
+        if self._cpu_timer is not None:
             # Multi-threaded steps use more CPU than wall time; then the wall time stands.
-            wall = min(wall, cpu_timer() - cpu_start)
-        self.after_step(wall)
+            wall = min(wall, self._cpu_timer() - self._cpu)
+        self._slowdown.after_step(wall)
+        if restart:
+            self._start()
 
 
 def parse_slowdowns(text: str | Sequence[float] | None, world_size: int) -> tuple[float, ...]:

@@ -100,6 +100,7 @@ class _Bucket:
         self.ready: set[int] = set()
         self.launched = False
         self.request: Request | None = None
+        self.carry: torch.Tensor | None = None  # a synced sum kept out of the next sum
 
     def attach(self, index: int) -> None:
         """Point parameter `index`'s `.grad` at its view, keeping what it holds."""
@@ -151,9 +152,9 @@ class GradientSync:
             MPI library is not CUDA-aware). True on a CPU bucket exercises the same path.
 
     Note:
-        Exact for models whose forward treats samples independently. BatchNorm in training
-        mode normalises with per-rank batch statistics, so its gradients differ from a single
-        process on the whole batch.
+        Exact for models whose forward treats samples independently, and for BatchNorm
+        once converted to `lbtrain.SyncBatchNorm` (BalancedDataParallel does it); plain
+        BatchNorm in training mode normalises with per-rank batch statistics.
     """
 
     def __init__(
@@ -217,6 +218,7 @@ class GradientSync:
         """Zero every bucket and point every `.grad` at its view (replaces optimizer's)."""
         for bucket in self.buckets:
             bucket.flat.zero_()
+            bucket.carry = None
             for index, param in enumerate(bucket.params):
                 if param.grad is not bucket.views[index]:
                     param.grad = bucket.views[index]
@@ -249,6 +251,41 @@ class GradientSync:
             for index in range(len(bucket.params)):
                 bucket.attach(index)
 
+    def stash(self) -> None:
+        """Keep what the buckets hold (a sum already synced) out of the next sum.
+
+        For a loop that backpropagates again before zeroing the gradients (accumulation
+        without `no_sync`, a second backward through one forward): the next sync adds only
+        the gradient computed since, and `wait` puts the kept sum back, as one process
+        accumulates. A bucket of zeros keeps nothing (one read of it).
+        """
+        self.adopt_grads()
+        for bucket in self.buckets:
+            if bool(bucket.flat.any()):
+                if bucket.carry is None:
+                    bucket.carry = bucket.flat.clone()
+                else:
+                    bucket.carry.add_(bucket.flat)
+                bucket.flat.zero_()
+
+    def reweigh(self, weight: float, *, prescaled: bool) -> None:
+        """Change the armed step's weight before any bucket is weighed (start of backward)."""
+        if any(b.launched for b in self.buckets):
+            raise RuntimeError("the weight of a step changed after its buckets started")
+        self._weight = check_weight(weight)
+        self._scale = not prescaled
+
+    def flush_ready(self) -> None:
+        """Start, in order, every bucket whose gradients are all in (before another collective).
+
+        A collective in the middle of backward (synchronised BatchNorm) must meet the same
+        buckets started before it on every rank; staged copies are waited for here.
+        """
+        if not self._armed or (not self._any_thread and threading.get_ident() != self._owner):
+            return
+        with self._lock:
+            self._launch_ready(block=True)
+
     def launch(self) -> None:
         """Start every bucket not started yet, in order (after backward, before `wait`)."""
         with self._lock:
@@ -268,6 +305,9 @@ class GradientSync:
             bucket.request.wait()
             if stager is not None:
                 stager.unstage()
+            if bucket.carry is not None:
+                bucket.flat.add_(bucket.carry)
+                bucket.carry = None
 
     def sync(self, weight: float, *, prescaled: bool = False) -> None:
         """Weight and sum-allreduce the gradients backward left in `.grad` (no overlap)."""

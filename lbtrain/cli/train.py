@@ -186,6 +186,10 @@ def add_parser(
     _add(optim, "overlap", "on: start each gradient bucket's allreduce during backward, as "
          "soon as its gradients are in; off: reduce them all after backward (the same "
          "result; for comparison)", choices=OVERLAP_MODES)  # fmt: skip
+    _add(optim, "sync_batchnorm", "on: BatchNorm layers normalise over the global batch, "
+         "exact as one process (two small allreduces per layer and step); off: over each "
+         "rank's own share, as DDP without SyncBatchNorm (not exact; for comparison)",
+         choices=OVERLAP_MODES)  # fmt: skip
     evaluation = parser.add_argument_group("evaluation and checkpoints")
     _add(evaluation, "eval_every", "evaluate every N epochs (0: only at the end)",
          type=non_negative_int)  # fmt: skip

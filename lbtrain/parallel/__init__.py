@@ -5,8 +5,17 @@ loader = balanced_loader(plan, dataset, rank=comm.rank)
 model = BalancedDataParallel(model, comm, loader)
 """
 
+from lbtrain.parallel.batchnorm import BatchNormMismatch, SyncBatchNorm, convert_sync_batchnorm
 from lbtrain.parallel.layout import ModelMismatch, check_same_model
 from lbtrain.parallel.planning import plan_for
 from lbtrain.parallel.wrapper import BalancedDataParallel
 
-__all__ = ["BalancedDataParallel", "ModelMismatch", "check_same_model", "plan_for"]
+__all__ = [
+    "BalancedDataParallel",
+    "BatchNormMismatch",
+    "ModelMismatch",
+    "SyncBatchNorm",
+    "check_same_model",
+    "convert_sync_batchnorm",
+    "plan_for",
+]

@@ -22,26 +22,23 @@ from lbtrain.data import BalancedLoader
 from lbtrain.data.sampler import disagreement, fingerprint
 from lbtrain.evaluation import Evaluator, evaluate
 from lbtrain.gradients import GradientSync
+from lbtrain.parallel.batchnorm import (
+    SyncBatchNorm,
+    convert_sync_batchnorm,
+    sync_batchnorm_layers,
+)
+from lbtrain.parallel.checks import (
+    bucket_disagreement,
+    check_arguments,
+    no_new_batch,
+    raise_if,
+    second_backward,
+)
 from lbtrain.parallel.layout import broadcast_tensors, check_same_model
+from lbtrain.parallel.marking import mark
 from lbtrain.session import agree
 
 __all__ = ["BalancedDataParallel"]
-
-WEIGHTINGS = ("share", "uniform")
-
-
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; backward multiplies the gradient by a factor and tells the owner."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, factor: float, owner: Any) -> torch.Tensor:
-        ctx.factor, ctx.owner = factor, owner
-        return tensor.view_as(tensor)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        ctx.owner._backward_started()
-        return (grad if ctx.factor == 1 else grad * ctx.factor), None, None
 
 
 class BalancedDataParallel(nn.Module):
@@ -58,11 +55,25 @@ class BalancedDataParallel(nn.Module):
     zero runs the same loop on the empty batch the loader gives it and adds exact zeros:
     no branching in the user's loop.
 
-    Buffers (BatchNorm's running statistics) follow one rank, as DDP's do, but they are
+    **BatchNorm** layers (1d, 2d, 3d) become `lbtrain.SyncBatchNorm` unless
+    `sync_batchnorm=False`: training statistics over the global batch, so a model with
+    BatchNorm is exact too, a rank with one sample trains, and the running statistics are
+    the same on every rank. It costs two small allreduces per BatchNorm layer and step (the
+    per-channel count, sums and squares in forward, two per-channel sums in backward), each
+    a moment where the ranks wait for each other, and a rank with a zero share runs its
+    empty batch through forward and backward to join them.
+
+    **The loss** must be what `loss_reduction` says: "mean" (the default) a mean over this
+    rank's samples, as `nn.CrossEntropyLoss()` gives; "sum" a sum over them
+    (`reduction="sum"`), like one process's sum over the global batch; "count" a mean over
+    units you count, such as tokens: call `model.set_loss_count(n)` (collective) with this
+    rank's count each step before backward, and the gradient is one process's mean over
+    every rank's units.
+
+    Buffers other than synchronised BatchNorm's follow one rank, as DDP's do, but they are
     copied after each step's gradient sync rather than before each forward: then every rank
     holds one model whenever the user evaluates or saves, and the copy rides on a moment when
-    all ranks already meet. The source is the rank with the largest share, whose statistics
-    come from the most samples (a rank with no samples never updates them).
+    all ranks already meet. The source is the rank with the largest share.
 
     Args:
         module: the model, on this rank's device; the same architecture on every rank.
@@ -74,6 +85,9 @@ class BalancedDataParallel(nn.Module):
         sync_in_backward: finish the sync before backward returns (as DDP). False leaves
             the wait to `finish()`, for a loop that does other work first (the trainer).
         weighting: "share" (exact) or "uniform" (1 / P, what DDP does; only to compare).
+        sync_batchnorm: convert BatchNorm layers to `SyncBatchNorm` (in place, keeping
+            their parameters and buffers).
+        loss_reduction: "mean", "sum" or "count", what the loss is normalised by (above).
 
     Example:
         >>> model = BalancedDataParallel(model, comm, loader)
@@ -94,6 +108,8 @@ class BalancedDataParallel(nn.Module):
         broadcast_buffers: bool = True,
         sync_in_backward: bool = True,
         weighting: str = "share",
+        sync_batchnorm: bool = True,
+        loss_reduction: str = "mean",
     ) -> None:
         super().__init__()
         if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
@@ -101,15 +117,17 @@ class BalancedDataParallel(nn.Module):
             raise TypeError(
                 f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
             )
-        agree(comm, lambda: _check_arguments(module, comm, loader, weighting))
+        agree(comm, lambda: check_arguments(module, comm, loader, weighting, loss_reduction))
         rows = comm.allgather(fingerprint(loader.batch_sampler))
-        agree(comm, lambda: _raise_if(disagreement(rows)), name_rank=False)
+        agree(comm, lambda: raise_if(disagreement(rows)), name_rank=False)
         # An engine whose transport depends on the devices (torch.distributed: NCCL only where
         # every rank is on a GPU) picks it now, unless the job already did (the trainer).
         use_device = getattr(comm, "use_device", None)
         if use_device is not None and getattr(comm, "transport", None) is None:
             device = next(module.parameters(), torch.empty(0)).device
             agree(comm, lambda: use_device(device))
+        if sync_batchnorm:
+            module = convert_sync_batchnorm(module, comm)
         check_same_model(module, comm)
         broadcast_tensors([*module.parameters(), *module.buffers()], comm, root=0)
         self.module = module
@@ -118,16 +136,45 @@ class BalancedDataParallel(nn.Module):
         self.broadcast_buffers = bool(broadcast_buffers)
         self.sync_in_backward = bool(sync_in_backward)
         self.weighting = weighting
+        self.loss_reduction = loss_reduction
         self.gradients = GradientSync(module, comm, overlap=overlap, bucket_mb=bucket_mb)
         # Buckets of other sizes would sum unrelated slices (NaN, or a rank left waiting).
         layouts = comm.allgather([b.flat.numel() for b in self.gradients.buckets])
-        agree(comm, lambda: _raise_if(_bucket_disagreement(layouts)), name_rank=False)
+        agree(comm, lambda: raise_if(bucket_disagreement(layouts)), name_rank=False)
+        layers = [layer for _, layer in sync_batchnorm_layers(module)]
+        self._layers = layers
+        for layer in layers:
+            layer.before_collective = self._before_collective
+        # Called before each collective inside the model (an emulated slowdown's split).
+        self.before_collective: Callable[[], None] | None = None
+        # With collectives inside the model, a rank with no samples runs its empty batch
+        # through forward and backward like the others, so that it joins each of them.
+        self._graph_on_empty = bool(layers)
         self._require_sync = True
         self._counted = loader.batches  # the loader batch last added to the window
-        self._window = [0, 0]  # samples of this rank, and of the world, since the last sync
+        self._window = [0, 0]  # samples (or counted units) of this rank and the world since sync
         self._open: int | None = None  # the loader batch whose sync is armed and not done
-        self._launched = False
+        self._launched = False  # the current backward's end is queued
+        self._in_backward = False
         self._armed_step: int | None = None  # the loader step of the last sync armed
+        self._armed_with: tuple[float, bool] = (1.0, True)  # the last sync's weight, prescaled
+        self._synced: int | None = None  # the batch whose synced sum the gradients hold
+        self._units: dict[int, tuple[float, float]] = {}  # set_loss_count, by loader batch
+        self._seen: set[int] = set()  # batches whose units are in the window
+        self._given: dict[int, float] = {}  # a count loss's factor, by loader batch
+        self._batches = 0  # loader batches since the last sync
+
+    @property
+    def collective_forward(self) -> bool:
+        """Whether the model's forward and backward are collectives (synchronised BatchNorm):
+        then every rank runs them on every batch, an empty one too."""
+        return self._graph_on_empty
+
+    def _before_collective(self) -> None:
+        # Buckets complete by now start first, so every rank starts them in one order.
+        self.gradients.flush_ready()
+        if self.before_collective is not None:
+            self.before_collective()
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -135,7 +182,8 @@ class BalancedDataParallel(nn.Module):
 
         Exact with any micro-batches: each micro-batch's gradient is weighted by its share
         of all the samples since the last sync, so k micro-steps and one sync equal one
-        process's step on their union.
+        process's step on their union. (Accumulating without `no_sync`, a backward and a
+        sync per micro-batch, is exact too: each sync adds only what came since the last.)
         """
         previous, self._require_sync = self._require_sync, False
         try:
@@ -153,19 +201,46 @@ class BalancedDataParallel(nn.Module):
         if not training or not self.gradients.buckets:
             return self.module(*inputs, **kwargs)
         self._count_batch()
+        for layer in self._layers:
+            layer.stamp = self._counted  # the ranks' collectives meet on one batch
         own = self.loader.samples
-        if own == 0:
+        leaf = own == 0 and not self._graph_on_empty
+        if leaf:
             # No samples: nothing to compute a gradient from. The output still takes part
             # in backward (a leaf), which is when this rank's zeros join the sum.
             with torch.no_grad():
                 outputs = self.module(*inputs, **kwargs)
-            factor = 0.0
         else:
             outputs = self.module(*inputs, **kwargs)
-            factor = self._factor()
+        factor = 0.0 if own == 0 else self._factor()
         if self._require_sync:
             self._arm()
-        return _mark(outputs, factor, self, leaf=own == 0)
+        return mark(outputs, factor, self, self._counted, leaf=leaf)
+
+    def set_loss_count(self, count: float) -> float:
+        """This step's count of the units the loss is a mean over; collective, before backward.
+
+        Only with `loss_reduction="count"`: the loss on this rank is a mean over `count`
+        units (tokens, pixels, ...), and the gradient becomes one process's mean over every
+        rank's units. Every rank calls it once per batch, a rank with no samples with 0.
+        Returns the count over all ranks.
+        """
+        if self.loss_reduction != "count":
+            raise RuntimeError(
+                f"set_loss_count() is for loss_reduction='count' (this model: "
+                f"{self.loss_reduction!r}); pass loss_reduction='count' to BalancedDataParallel"
+            )
+        count = float(count)
+        if not count >= 0 or count != count or count == float("inf"):
+            raise ValueError(f"count={count!r} must be a finite number >= 0 (this rank's units)")
+        total = torch.tensor([count], dtype=torch.float64)
+        self.comm.allreduce_sum_(total)
+        if not total.item() > 0:
+            raise ValueError(
+                "set_loss_count: the ranks' counts sum to 0: a loss over no units has no gradient"
+            )
+        self._units[self.loader.batches] = (count, float(total.item()))
+        return float(total.item())
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients, one pass per bucket; they stay views of the buckets.
@@ -176,6 +251,7 @@ class BalancedDataParallel(nn.Module):
         """
         del set_to_none
         self.gradients.zero_grad()
+        self._synced = None
 
     def launch(self) -> None:
         """Start every bucket still waiting (after backward, before another collective)."""
@@ -195,11 +271,12 @@ class BalancedDataParallel(nn.Module):
             return
         self.gradients.wait()
         if self.broadcast_buffers:
-            buffers = list(self.module.buffers())
+            buffers = _unsynced_buffers(self.module)
             if buffers:
                 broadcast_tensors(buffers, self.comm, root=_largest_share(self.loader))
-        self._open, self._launched = None, False
-        self._window = [0, 0]
+        self._synced = self._open
+        self._open, self._launched, self._in_backward = None, False, False
+        self._window, self._batches, self._seen = [0, 0], 0, set()
 
     def evaluate(
         self,
@@ -232,23 +309,35 @@ class BalancedDataParallel(nn.Module):
         """Add the loader's current batch to the window since the last sync, once."""
         loader = self.loader
         if loader.batches == self._counted:
-            if self._open is None and self._window[1] == 0:
+            if self._open is None and self._batches == 0:
                 # Its step is synced (or none was drawn): the weights come from the loader's
                 # batch, so another training forward would add gradients weighted 0.
-                raise RuntimeError(_no_new_batch(self.comm.rank, loader.batches))
+                raise RuntimeError(no_new_batch(self.comm.rank, loader.batches))
             return
         if self._open is not None:
             raise RuntimeError(
                 f"rank {self.comm.rank} started a new batch before the last one's backward: "
                 "every rank must run forward and backward on every batch, an empty one too"
             )
-        if self._window[1] == 0 and not self._require_sync:
-            # An accumulating micro-batch: backward adds straight into the buckets. (A synced
-            # batch gets the same from `_arm`, which GradientSync.arm does in one pass.)
-            self.gradients.adopt_grads()
+        if self._batches == 0:
+            if self._synced is not None:
+                # The gradients hold a synced sum (accumulation without no_sync): keep it
+                # out of the next sum, and put it back after.
+                self.gradients.stash()
+                self._synced = None
+            elif not self._require_sync:
+                # An accumulating micro-batch: backward adds straight into the buckets. (A
+                # synced batch gets the same from `_arm`, which GradientSync.arm does.)
+                self.gradients.adopt_grads()
         self._counted = loader.batches
-        self._window[0] += loader.samples
-        self._window[1] += loader.global_samples
+        self._batches += 1
+        for kept in (self._units, self._given):
+            for key in [k for k in kept if k < loader.batches]:
+                del kept[key]
+        if self.loss_reduction != "count":
+            self._window[0] += loader.samples
+            self._window[1] += loader.global_samples
+        # (a count loss's units join the window at its backward, from set_loss_count)
 
     def _check_epoch(self) -> None:
         """Every rank in one epoch, under one plan (collective; from `_arm`, see there).
@@ -272,20 +361,33 @@ class BalancedDataParallel(nn.Module):
                     "rank, between epochs"
                 )
 
-    def _factor(self) -> float:
-        """What this batch's gradient is multiplied by on its way back from the outputs."""
+    def _single(self) -> bool:
+        """Whether the window since the last sync is this one batch, synced now."""
+        return self._require_sync and self._batches == 1
+
+    def _factor(self) -> float | None:
+        """What this batch's gradient is multiplied by on its way back from the outputs.
+
+        None: decided when backward starts (a count given after the forward).
+        """
         if self.weighting == "uniform":
             return 1.0 / self.comm.size
-        if self._require_sync and self._window[1] == self.loader.global_samples:
+        if self.loss_reduction == "sum":
+            return 1.0
+        if self.loss_reduction == "count":
+            return None
+        if self._single():
             return self.loader.weight  # one batch per sync: b_i / B, nothing left to scale
         return float(self.loader.samples)  # accumulating: sums now, / total samples at the sync
 
-    def _arm(self) -> None:
+    def _weight(self) -> tuple[float, bool]:
+        """The armed sync's bucket weight, and whether the gradients already carry it."""
         own, total = self._window
-        if self.weighting == "uniform" or total == self.loader.global_samples:
-            weight, prescaled = (self._factor() if own else 0.0), True
-        else:
-            weight, prescaled = (1.0 / total if own else 0.0), False
+        if self.weighting == "uniform" or self.loss_reduction == "sum" or self._single():
+            return (self._factor() or 0.0) if own else 0.0, True
+        return (1.0 / total if own else 0.0), False
+
+    def _arm(self) -> None:
         # The first sync of each pass over the loader (and the first of all) checks the
         # epoch and plan. Here, not at a step-0 forward: every rank arms every sync, just
         # before its buckets, while a zero share that branches and accumulates counts only
@@ -294,106 +396,90 @@ class BalancedDataParallel(nn.Module):
         if self._armed_step is None or step <= self._armed_step:
             self._check_epoch()
         self._armed_step = step
-        self.gradients.arm(weight, prescaled=prescaled)
+        # A count comes later, at backward (`_backward_started` re-weighs).
+        self._armed_with = self._weight() if self.loss_reduction != "count" else (0.0, True)
+        self.gradients.arm(self._armed_with[0], prescaled=self._armed_with[1])
         self._open, self._launched = self._counted, False
 
     def _arm_if_skipped(self) -> None:
         """A batch this rank neither ran forward on nor synced yet: open its step now."""
         if self._open is None and self.loader.batches != self._counted:
+            if self._graph_on_empty:
+                raise RuntimeError(
+                    f"rank {self.comm.rank} skipped the forward of a batch: with synchronised "
+                    "BatchNorm every rank must run forward and backward on every batch, an "
+                    "empty one too"
+                )
             self._count_batch()
             self._arm()
 
-    def _backward_started(self) -> None:
-        # Queued once per backward; runs on the engine after every gradient is in.
+    def _backward_started(self, token: int, factor: float | None) -> float:
+        """The first node of backward: open a repeated sync, queue the end; the factor."""
+        if self._open is None and token == self._synced and self._batches == 0:
+            # A second backward through the forward whose sum is done: sync what it adds,
+            # weighted as the first.
+            self.gradients.stash()
+            self.gradients.arm(self._armed_with[0], prescaled=self._armed_with[1])
+            self._open, self._launched, self._synced, self._batches = token, False, None, 1
+            self._seen.add(token)
+        elif self._open is not None and self._launched and not self._in_backward:
+            raise RuntimeError(
+                second_backward(self.comm.rank, "while its gradients are being summed")
+            )
+        if factor is None:
+            factor = self._late_factor(token)
         if self._open is not None and not self._launched:
-            self._launched = True
+            if self.loss_reduction == "count" and self._open == token:
+                self.gradients.reweigh(self._armed_with[0], prescaled=self._armed_with[1])
+            self._launched = self._in_backward = True
+            # Queued once per backward; runs on the engine after every gradient is in.
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+        return factor
+
+    def _late_factor(self, token: int) -> float:
+        """A 'count' loss's factor, now that its units are known; re-weighs the armed sync."""
+        units = self._units.get(token)
+        if units is None:
+            raise RuntimeError(
+                f"rank {self.comm.rank}: backward without this batch's count: call "
+                "model.set_loss_count(n) on every rank after drawing the batch and before "
+                "backward (loss_reduction='count')"
+            )
+        if token in self._given:  # a second backward through this forward
+            return self._given[token]
+        if self.weighting == "uniform":
+            return 1.0 / self.comm.size
+        own, total = units
+        if token not in self._seen:
+            self._seen.add(token)
+            self._window[0] += own
+            self._window[1] += total
+        if self._open == token and self._single():
+            self._armed_with = (own / total, True)
+            self._given[token] = own / total
+        else:
+            if self._open is not None:
+                # Accumulating: each micro-batch adds its units' sum; the sync divides by all.
+                self._armed_with = (1.0 / self._window[1] if self._window[0] else 0.0, False)
+            self._given[token] = own
+        return self._given[token]
 
     def _backward_done(self) -> None:
+        self._in_backward = False
         self.gradients.launch()
         if self.sync_in_backward:
             self.finish()
 
 
-def _no_new_batch(rank: int, handed_out: int) -> str:
-    drawn = (
-        f"none since batch {handed_out}, which was synced or drawn before the model was wrapped"
-        if handed_out
-        else "it has handed out no batch yet"
-    )
-    return (
-        f"rank {rank}: a training forward without a new batch from the loader the model was "
-        f"wrapped with ({drawn}): take one batch at a time from that loader for each step "
-        "(not list(loader), a prefetcher or another loader), and run forwards that are not "
-        "training steps under torch.no_grad() or model.eval()"
-    )
-
-
-def _bucket_disagreement(layouts: list[list[int]]) -> str | None:
-    for rank, layout in enumerate(layouts):
-        if layout != layouts[0]:
-            return (
-                f"rank {rank} cuts the gradients into {_buckets(layout)} and rank 0 into "
-                f"{_buckets(layouts[0])}: pass the same bucket_mb and overlap to "
-                "BalancedDataParallel on every rank, each rank's model on one device"
-            )
-    return None
-
-
-def _buckets(layout: list[int]) -> str:
-    sizes = ", ".join(map(str, layout[:4])) + (", ..." if len(layout) > 4 else "")
-    return f"{len(layout)} bucket{'s' * (len(layout) != 1)} ({sizes} elements)"
+def _unsynced_buffers(module: nn.Module) -> list[torch.Tensor]:
+    """The buffers a step leaves different across ranks: all but synchronised BatchNorm's."""
+    buffers: list[torch.Tensor] = []
+    for m in module.modules():
+        if not (isinstance(m, SyncBatchNorm) and m.comm is not None):
+            buffers.extend(m.buffers(recurse=False))
+    return buffers
 
 
 def _largest_share(loader: BalancedLoader) -> int:
     sizes = loader.plan.batch_sizes
     return max(range(len(sizes)), key=lambda r: (sizes[r], -r))
-
-
-def _mark(outputs: Any, factor: float, owner: BalancedDataParallel, *, leaf: bool) -> Any:
-    """Route backward through `_ScaleGrad` on every floating output tensor."""
-    if isinstance(outputs, torch.Tensor):
-        if not outputs.is_floating_point():
-            return outputs
-        if leaf:
-            outputs = outputs.detach().requires_grad_()
-        elif not outputs.requires_grad:
-            return outputs
-        return _ScaleGrad.apply(outputs, factor, owner)
-    if isinstance(outputs, dict):
-        return {key: _mark(value, factor, owner, leaf=leaf) for key, value in outputs.items()}
-    if isinstance(outputs, tuple) and hasattr(outputs, "_fields"):  # a namedtuple
-        return type(outputs)(*(_mark(value, factor, owner, leaf=leaf) for value in outputs))
-    if isinstance(outputs, list | tuple):
-        return type(outputs)(_mark(value, factor, owner, leaf=leaf) for value in outputs)
-    return outputs
-
-
-def _raise_if(problem: str | None) -> None:
-    if problem is not None:
-        raise ValueError(problem)
-
-
-# ValueError, not TypeError: agree() reports these on every rank, so none waits alone.
-def _check_arguments(
-    module: nn.Module, comm: Communicator, loader: BalancedLoader, weighting: str
-) -> None:
-    if not isinstance(module, nn.Module):
-        raise ValueError(f"module={module!r:.60} is not an nn.Module; pass the model to wrap")
-    if not isinstance(loader, BalancedLoader):
-        raise ValueError(
-            f"loader={type(loader).__name__} is not a BalancedLoader; build it with "
-            "lbtrain.balanced_loader(plan, dataset, rank=comm.rank)"
-        )
-    plan, rank = loader.plan, loader.batch_sampler.rank
-    if plan.world_size != comm.size:
-        raise ValueError(
-            f"loader's plan is for {plan.world_size} ranks but the job has {comm.size}; plan "
-            f"again for {comm.size} ranks (lbtrain.plan_for)"
-        )
-    if rank != comm.rank:
-        raise ValueError(
-            f"loader was built for rank {rank}; pass rank=comm.rank to balanced_loader"
-        )
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting={weighting!r} must be one of {', '.join(WEIGHTINGS)}")

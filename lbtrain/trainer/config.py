@@ -88,6 +88,9 @@ class TrainConfig:
         weighting: "share" (exact) or "uniform" (DDP's 1/P, to compare).
         overlap: "on" starts each gradient bucket's allreduce during backward, once its
             gradients are in; "off" reduces them all after backward (same result).
+        sync_batchnorm: "on" normalises BatchNorm layers over the global batch
+            (lbtrain.SyncBatchNorm: exact, two small allreduces per layer and step); "off"
+            over each rank's own share (not exact; for comparison).
         quiet: print only the final summary.
         log_every: also print a line every this many steps (0: one per epoch).
         divergence: "on" stops the run (exit 1) when the loss runs away: a step's loss
@@ -131,6 +134,7 @@ class TrainConfig:
     resume: str | None = None
     weighting: str = "share"
     overlap: str = "on"
+    sync_batchnorm: str = "on"
     quiet: bool = False
     log_every: int = 0
     divergence: str = "on"
@@ -161,6 +165,7 @@ class TrainConfig:
         _choice(self, "weighting", WEIGHTINGS)
         _choice(self, "replan", REPLAN_MODES)
         _choice(self, "overlap", OVERLAP_MODES)
+        _choice(self, "sync_batchnorm", OVERLAP_MODES)
         _choice(self, "divergence", DIVERGENCE_MODES)
         _choice(self, "curves", CURVES_MODES)
         _choice(self, "log_level", LOG_LEVELS)

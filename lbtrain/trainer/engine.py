@@ -121,6 +121,7 @@ class Engine:
         slowdown_at: the emulated slowdown of each epoch (a testing aid).
         weighting: "share" (exact) or "uniform" (1/P, as DDP; only to compare).
         overlap: start bucket allreduces during backward.
+        sync_batchnorm: BatchNorm over the global batch (lbtrain.SyncBatchNorm).
         stop: the run's signal catcher; a request on any rank stops every rank after a step.
         callbacks: the concerns (see the module docstring).
         timer: the clock (default wall time).
@@ -141,6 +142,7 @@ class Engine:
         slowdown_at: Callable[[int], Slowdown] | None = None,
         weighting: str = "share",
         overlap: bool = True,
+        sync_batchnorm: bool = True,
         stop: StopSignal | None = None,
         callbacks: Iterable[Callback] = (),
         timer: StepTimer | None = None,
@@ -149,7 +151,7 @@ class Engine:
         self.loader, self.comm, self.device = loader, comm, device
         self.loss_fn, self.step_metric = loss_fn, step_metric
         self.slowdown_at = slowdown_at or (lambda epoch: Slowdown(1.0))
-        self.weighting, self.overlap = weighting, overlap
+        self.weighting, self.overlap, self.sync_batchnorm = weighting, overlap, sync_batchnorm
         self.stop = stop or StopSignal()
         self.callbacks = sorted(callbacks, key=lambda c: c.order)
         self.timer = timer or StepTimer()
@@ -192,6 +194,7 @@ class Engine:
             sync_in_backward=False,
             weighting=self.weighting,
             broadcast_buffers=self.broadcast_buffers,
+            sync_batchnorm=self.sync_batchnorm,
         )
         try:
             with self.stop.deferring():
@@ -290,15 +293,14 @@ class Engine:
         sync = self._sync_device if slowdown.active or not self.timer.deferred else None
         start = mark()
         parallel.zero_grad()
-        if not loader.empty:  # a zero share computes nothing and adds zeros in the sync
-            with slowdown.step(synchronize=sync, cpu_timer=self._cpu_timer):
-                inputs, targets = inputs.to(self.device), targets.to(self.device)
-                outputs = parallel(inputs)
-                loss = self.loss_fn(outputs, targets)
-                loss.backward()
-            value = float(loss.detach())
-            if self.step_metric is not None:
-                metric = self.step_metric(outputs.detach(), targets)
+        # A zero share computes nothing and adds zeros in the sync, unless the model holds
+        # collectives (synchronised BatchNorm): then its empty batch joins them.
+        if not loader.empty or parallel.collective_forward:
+            outputs, loss, targets = self._backward(inputs, targets, slowdown, sync)
+            if not loader.empty:  # a mean over no samples is NaN, and no divergence
+                value = float(loss.detach())
+                if self.step_metric is not None:
+                    metric = self.step_metric(outputs.detach(), targets)
         # Buckets not started from backward start before the control allreduce, so every
         # rank starts its collectives in the same order.
         parallel.launch()
@@ -316,6 +318,24 @@ class Engine:
         marks = (start, computed, waited, synced, mark())
         samples = 0 if loader.empty else len(targets)
         return control, self.timer.times(marks, samples, self.state.epoch)
+
+    def _backward(
+        self, inputs: Any, targets: Any, slowdown: Slowdown, sync: Callable[[], None] | None
+    ) -> tuple[Any, torch.Tensor, Any]:
+        """Forward and backward of this rank's batch, stretched by its emulated slowdown."""
+        parallel = self.parallel
+        assert parallel is not None
+        with slowdown.step(synchronize=sync, cpu_timer=self._cpu_timer) as segments:
+            # An emulated slow rank is slow between the model's collectives too.
+            parallel.before_collective = segments.split if slowdown.active else None
+            try:
+                inputs, targets = inputs.to(self.device), targets.to(self.device)
+                outputs = parallel(inputs)
+                loss = self.loss_fn(outputs, targets)
+                loss.backward()
+            finally:
+                parallel.before_collective = None
+        return outputs, loss, targets
 
     def _count(
         self,

@@ -246,13 +246,8 @@ def build_engine(
         momentum=config.momentum,
         weight_decay=config.weight_decay,
     )
-    loader = balanced_loader(
-        setup.plan,
-        workload.train_set,
-        rank=comm.rank,
-        seed=config.seed,
-        collate_fn=workload.collate_fn,
-    )
+    loader = balanced_loader(setup.plan, workload.train_set, rank=comm.rank, seed=config.seed,
+                             collate_fn=workload.collate_fn)  # fmt: skip
     steps = len(loader)
     scheduler = build_scheduler(
         optimizer,
@@ -275,6 +270,7 @@ def build_engine(
         slowdown_at=setup.slowdown_at,
         weighting=config.weighting,
         overlap=config.overlap == "on",
+        sync_batchnorm=config.sync_batchnorm == "on",
         stop=stop,
         timer=timer or _timer(setup),
     )

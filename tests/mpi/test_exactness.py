@@ -25,19 +25,39 @@ WRAPPER_CASES = (
     "wrapper/20,0,44:accumulate",
     "wrapper/20,0,44:ddp-hook",
     "wrapper/profiled:1,2,4",
+    # The loops a DDP user already has, and models with BatchNorm (synchronised).
+    "wrapper/20,0,44:accumulate-sync",
+    "wrapper/5,11,48:two-backward",
+    "wrapper/20,0,44:sum",
+    "wrapper/20,0,44:count",
 )
+BN_CASES = ("wrapper/bn/5,11,48", "wrapper/bn/20,0,44:resnet", "wrapper/bn/1,20,43")
+BN_REFUSALS = ("wrapper/bn/mismatch", "wrapper/bn/skip")
 ENGINES = {"mpiexec": (run_mpi, "MPICommunicator"), "torchrun": (run_torchrun, "TorchDist")}
 
 
 @pytest.mark.parametrize("launcher", ENGINES)
 def test_unequal_shares_match_one_process_and_naive_average_does_not(launcher):
     launch, engine = ENGINES[launcher]
-    result = launch(SCRIPTS / "exactness.py", 3, *CASES, *WRAPPER_CASES, "wrapper/mismatch",
-                    timeout=180)  # fmt: skip
+    result = launch(SCRIPTS / "exactness.py", 3, *CASES, *WRAPPER_CASES, *BN_CASES,
+                    *BN_REFUSALS, "wrapper/mismatch", timeout=240)  # fmt: skip
     output = result.stdout + result.stderr
     assert f"comm ops ok on 3 ranks ({engine}" in result.stdout, output
     assert result.stdout.count("wrapper exactness ok") == len(WRAPPER_CASES), output
-    assert result.stdout.count("exactness ok") == len(CASES) - 1 + len(WRAPPER_CASES), output
+    assert result.stdout.count("batchnorm exactness ok") == len(BN_CASES), output
+    assert result.stdout.count("exactness ok") == (
+        len(CASES) - 1 + len(WRAPPER_CASES) + len(BN_CASES)
+    ), output
+    # A BatchNorm layer on one rank only, and a rank that skips a forward: one line each,
+    # on every rank, and the job goes on.
+    assert (
+        "batchnorm mismatch refused on every rank: the ranks' BatchNorm layers differ: "
+        "layer 'head.1' (BatchNorm1d(8)) is on rank 0 but not on rank 1" in result.stdout
+    ), output
+    assert (
+        "batchnorm skip refused on every rank: the ranks are out of step at synchronised "
+        "BatchNorm layer 'conv3d.1' (forward)" in result.stdout
+    ), output
     # The mismatch ends the job: every rank says which parameter differs, and nothing hangs.
     assert result.returncode != 0, output
     for rank in range(3):

@@ -13,6 +13,7 @@ from torch.utils.data import TensorDataset
 from lbtrain import BalancedDataParallel, balanced_loader, plan_batches, plan_for
 from lbtrain.comm import SingleProcessCommunicator, run_ranks
 from lbtrain.session import CollectiveError
+from tests.mpi.scripts.bn_exactness import run_case as bn_case
 from tests.mpi.scripts.wrapper_exactness import _plan, check, mismatch
 from tests.unit.test_profiling import _profile
 
@@ -29,6 +30,35 @@ def _values(results):
 def test_a_users_loop_matches_one_process_and_the_naive_average_does_not(sizes, mode):
     lines = _values(run_ranks(len(sizes), lambda comm: check(comm, sizes, mode), timeout=60))
     assert lines[0].startswith("wrapper exactness ok")
+
+
+@pytest.mark.parametrize("mode", ["accumulate-sync", "two-backward", "sum", "count"])
+@pytest.mark.parametrize("sizes", [[5, 11, 48], [20, 0, 44]])
+def test_the_loops_ddp_users_have_match_one_process(sizes, mode):
+    """Accumulation without no_sync, two backwards per forward, a summed loss and one
+    averaged over counted units: each exact, each with its own one-process reference."""
+    lines = _values(run_ranks(len(sizes), lambda comm: check(comm, sizes, mode), timeout=60))
+    assert lines[0].startswith("wrapper exactness ok")
+
+
+@pytest.mark.parametrize(
+    "case", ["5,11,48", "20,0,44", "1,20,43", "5,11,48:resnet", "20,0,44:resnet"]
+)
+def test_a_model_with_batchnorm_matches_one_process_and_per_rank_statistics_do_not(case):
+    lines = _values(run_ranks(3, lambda comm: bn_case(comm, case), timeout=60))
+    assert lines[0].startswith("batchnorm exactness ok"), lines
+
+
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("mismatch", "layer 'head.1' (BatchNorm1d(8)) is on rank 0 but not on rank 1"),
+        ("skip", "out of step at synchronised BatchNorm layer 'conv3d.1' (forward)"),
+    ],
+)
+def test_batchnorm_layers_that_differ_or_a_skipped_forward_stop_every_rank(case, said):
+    lines = _values(run_ranks(3, lambda comm: bn_case(comm, case), timeout=60))
+    assert said in lines[0] and "refused on every rank" in lines[0], lines
 
 
 def test_models_that_differ_are_refused_on_every_rank_naming_the_parameter():
@@ -129,13 +159,16 @@ def _bn_model() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 2))
 
 
-@pytest.mark.parametrize("broadcast", [True, False])
-def test_buffers_are_one_state_after_each_step_from_the_largest_share(broadcast):
+@pytest.mark.parametrize(("broadcast", "sync"), [(True, False), (False, False), (False, True)])
+def test_buffers_are_one_state_after_each_step_from_the_largest_share(broadcast, sync):
+    """Plain BatchNorm's statistics are copied; synchronised ones agree with no copy."""
     plan = plan_batches([2.0, 10.0, 4.0], 16, "proportional")
 
     def work(comm):
         loader = balanced_loader(plan, _toy(64), rank=comm.rank)
-        model = BalancedDataParallel(_bn_model(), comm, loader, broadcast_buffers=broadcast)
+        model = BalancedDataParallel(
+            _bn_model(), comm, loader, broadcast_buffers=broadcast, sync_batchnorm=sync
+        )
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for x, y in loader:
             optimizer.zero_grad()
@@ -145,7 +178,7 @@ def test_buffers_are_one_state_after_each_step_from_the_largest_share(broadcast)
 
     states = _values(run_ranks(3, work, timeout=60))
     same = all(torch.equal(states[0][0], s[0]) for s in states)
-    assert same == broadcast  # without the copy, each rank keeps its own statistics
+    assert same == (broadcast or sync)  # without either, each rank keeps its own statistics
     assert states[0][1] == 4  # 64 samples / 16 per global batch
 
 

@@ -467,10 +467,12 @@ def test_loaders_leave_the_global_random_stream_alone():
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_batchnorm_buffers_are_one_state_on_every_rank_after_training():
-    """Each rank's BatchNorm sees only its share, so its running statistics drift apart;
+@pytest.mark.parametrize("sync", [True, False])
+def test_batchnorm_buffers_are_one_state_on_every_rank_after_training(sync):
+    """Plain BatchNorm sees only the rank's share, so its running statistics drift apart;
     the wrapper copies the largest share's after each step, so evaluation and checkpoints
-    see one state. The comparison can fail: without the copy the ranks differ."""
+    see one state. The comparison can fail: without the copy the ranks differ. Synchronised
+    BatchNorm (the default) needs no copy: its statistics are the global batch's."""
     from lbtrain.comm import run_ranks
 
     torch.manual_seed(0)
@@ -487,6 +489,7 @@ def test_batchnorm_buffers_are_one_state_on_every_rank_after_training():
         )  # fmt: skip
         if not copy:
             engine.broadcast_buffers = False
+        engine.sync_batchnorm = sync
         engine.fit()
         return [b.clone() for b in model.buffers()]
 
@@ -494,7 +497,7 @@ def test_batchnorm_buffers_are_one_state_on_every_rank_after_training():
         results = run_ranks(2, lambda comm, copy=copy: train_on(comm, copy), timeout=60)
         buffers = [r.value for r in results]
         equal = all(torch.equal(a, b) for a, b in zip(*buffers, strict=True))
-        assert equal == copy
+        assert equal == (copy or sync)
 
 
 def test_a_finished_run_takes_its_own_plan_under_another_name(tmp_path, monkeypatch):

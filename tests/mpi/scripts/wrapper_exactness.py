@@ -8,10 +8,14 @@ CASE is SHARES[:MODE][@DEVICES], e.g. 20,0,44:accumulate@cuda:0,cpu,cpu; or `pro
 naming it, and the job ends). The loop is the plain DDP one, `loss_fn(model(x),
 y).backward()` and `optimizer.step()`, with no branch for a zero share. MODE: "overlap" (the
 default), "plain" (no overlap), "accumulate" (two loader batches per optimizer step, under
-`no_sync`) or "ddp-hook" (stock DistributedDataParallel with `weighted_allreduce_hook`, over
-torch.distributed with gloo: the job's process group under torchrun, else one made for the
-check from a file every rank sees). A second model with DDP's 1/P average is trained
-alongside and must visibly miss, which shows the comparison can fail.
+`no_sync`), "accumulate-sync" (the same without `no_sync`: a backward and a sync per
+micro-batch), "two-backward" (two losses, each backpropagated through one forward), "sum"
+(a loss summed over the samples, `loss_reduction="sum"`), "count" (a loss averaged over
+counted units, 1 to 3 per sample, `loss_reduction="count"`) or "ddp-hook" (stock
+DistributedDataParallel with `weighted_allreduce_hook`, over torch.distributed with gloo:
+the job's process group under torchrun, else one made for the check from a file every rank
+sees). `bn/CASE` runs bn_exactness.py's CASE (a model with BatchNorm). A second model with
+DDP's 1/P average is trained alongside and must visibly miss, which shows the comparison can fail.
 """
 
 from __future__ import annotations
@@ -38,7 +42,24 @@ from tests.mpi.scripts.exactness import (
 )
 
 _STORES: list[str] = []  # files of process groups made here, removed at the end
-MODES = ("overlap", "plain", "accumulate", "ddp-hook")
+MODES = ("overlap", "plain", "accumulate", "accumulate-sync", "two-backward", "sum", "count",
+         "ddp-hook")  # fmt: skip
+REDUCTIONS = {"sum": "sum", "count": "count"}
+
+
+def _units(indices: torch.Tensor) -> torch.Tensor:
+    """The units each sample counts for in a "count" loss (tokens, say): 1 to 3."""
+    return (indices % 3 + 1).double()
+
+
+def _loss(mode: str, outputs: torch.Tensor, y: torch.Tensor, units: torch.Tensor):
+    """This batch's loss as `mode` normalises it (the reference's over the global batch)."""
+    per_sample = nn.functional.cross_entropy(outputs, y, reduction="none")
+    if mode == "sum":
+        return per_sample.sum() / 64  # a sum (times a constant: SGD's lr stays sane)
+    if mode == "count":
+        return (per_sample * units).sum() / units.sum()
+    return per_sample.mean()
 
 
 def _plan(sizes: list[int]) -> BalancePlan:
@@ -59,8 +80,10 @@ def check(
     if len(sizes) != comm.size:
         raise ValueError(f"{len(sizes)} batch sizes given for {comm.size} ranks")
     inputs, targets = make_data()
+    indices = torch.arange(len(inputs))
     plan = _plan(sizes)
-    loader = balanced_loader(plan, TensorDataset(inputs, targets), rank=comm.rank, seed=5)
+    dataset = TensorDataset(inputs, targets, indices)
+    loader = balanced_loader(plan, dataset, rank=comm.rank, seed=5)
 
     # Rank 0's initial weights win: the other ranks start from other seeds on purpose.
     device = torch.device(devices[comm.rank] if devices else "cpu")
@@ -76,34 +99,53 @@ def check(
     if mode == "ddp-hook":
         exact, naive = _ddp_models(comm, models, loader)
     else:
-        exact = BalancedDataParallel(models[0], comm, loader, overlap=overlap, bucket_mb=0.001)
-        naive = BalancedDataParallel(models[1], comm, loader, overlap=overlap, weighting="uniform")
+        reduction = REDUCTIONS.get(mode, "mean")
+        exact = BalancedDataParallel(models[0], comm, loader, overlap=overlap, bucket_mb=0.001,
+                                     loss_reduction=reduction)  # fmt: skip
+        naive = BalancedDataParallel(models[1], comm, loader, overlap=overlap, weighting="uniform",
+                                     loss_reduction=reduction)  # fmt: skip
     reference = models[2]
     optimizers = [make_optimizer(m) for m in models]
-    loss_fn = nn.CrossEntropyLoss()
-    every = 2 if mode == "accumulate" else 1
+    every = 2 if mode.startswith("accumulate") else 1
 
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
-        for step, (x, y) in enumerate(loader):
+        for step, (x, y, index) in enumerate(loader):
             x, y = x.to(device), y.to(device)
             last = (step + 1) % every == 0 or step + 1 == len(loader)
             for model, optimizer in zip((exact, naive), optimizers, strict=False):
                 if step % every == 0:
                     optimizer.zero_grad()
-                if last or mode == "ddp-hook":
-                    loss_fn(model(x), y).backward()
+                if mode == "count":
+                    model.set_loss_count(float(_units(index).sum()))
+                if mode == "accumulate-sync":
+                    # Micro-batches of a step as one process weighs them: by their samples.
+                    share = _group_samples(loader, step, every) / loader.global_samples
+                    (nn.functional.cross_entropy(model(x), y) / share).backward()
+                    if last:
+                        optimizer.step()
+                elif mode == "two-backward":
+                    outputs = model(x)
+                    nn.functional.cross_entropy(outputs, y).backward(retain_graph=True)
+                    (outputs**2).mean().backward()
+                    optimizer.step()
+                elif last or mode == "ddp-hook":
+                    _loss(mode, model(x), y, _units(index).to(device)).backward()
                     optimizer.step()
                 else:
                     with model.no_sync():
-                        loss_fn(model(x), y).backward()
+                        _loss(mode, model(x), y, _units(index).to(device)).backward()
         perm = loader.batch_sampler.permutation()
         schedule = epoch_schedule(NUM_SAMPLES, plan)
         for first in range(0, len(schedule), every):
             group = schedule[first : first + every]
             batch = perm[group[0][0] : group[-1][1]]
             optimizers[2].zero_grad()
-            loss_fn(reference(inputs[batch]), targets[batch]).backward()
+            outputs = reference(inputs[batch])
+            loss = _loss(mode, outputs, targets[batch], _units(indices[batch]))
+            loss.backward(retain_graph=mode == "two-backward")
+            if mode == "two-backward":
+                (outputs**2).mean().backward()
             optimizers[2].step()
 
     exact_diff = (flat_params(models[0]).cpu() - flat_params(reference)).abs().max().item()
@@ -117,6 +159,14 @@ def check(
         f"devices={','.join(devices) if devices else 'cpu'} "
         f"max|diff|={exact_diff:.2e} naive 1/P max|diff|={naive_diff:.2e}"
     )
+
+
+def _group_samples(loader, step: int, every: int) -> int:
+    """The global samples of the accumulation group that step `step` belongs to."""
+    schedule = epoch_schedule(NUM_SAMPLES, loader.plan)
+    first = step - step % every
+    group = schedule[first : first + every]
+    return group[-1][1] - group[0][0]
 
 
 def _ddp_models(comm: Communicator, models: list[nn.Module], loader) -> tuple[nn.Module, ...]:
@@ -167,6 +217,10 @@ def run_case(comm: Communicator, case: str) -> str:
     if case == "mismatch":
         print(f"rank {comm.rank}: {mismatch(comm)}", flush=True)
         raise SystemExit(3)
+    if case.startswith("bn/"):
+        from tests.mpi.scripts import bn_exactness
+
+        return bn_exactness.run_case(comm, case.removeprefix("bn/"))
     if case.startswith("profiled:"):
         return profiled(comm, [float(f) for f in case.removeprefix("profiled:").split(",")])
     case, _, devices = case.partition("@")

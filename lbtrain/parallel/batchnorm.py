@@ -1,0 +1,341 @@
+"""BatchNorm over the global batch, synchronised through any `Communicator`.
+
+With unequal shares a rank normalises over its own b_i samples, which is neither one
+process's statistics nor DDP's; the slowest rank may hold 2 samples, or 1, or none.
+`SyncBatchNorm` makes every training forward normalise with the statistics of all B samples
+and every backward the input gradient one process computes, whatever the shares:
+
+* forward: one sum-allreduce per layer of the per-channel count, sum and sum of squares
+  (each rank's own are computed by torch's stable reduction, then combined in float64: the
+  sum of squares minus N mean^2 cancels, and float32 would lose the variance of a channel
+  whose mean is a few hundred times its spread);
+* backward: one sum-allreduce of the per-channel sum of dy and of dy * x_hat; with the global
+  count they give the input gradient of the whole batch. The parameters' gradients stay this
+  rank's sums, which the gradient sync adds up like every other parameter's.
+
+The running statistics come from the global figures (the unbiased variance over N - 1), so
+they are the same on every rank and the wrapper no longer copies them after each step.
+
+Every collective carries the layer's index and a stamp, the loader batch the wrapper is on
+(or the layer's call count): a rank that skipped a forward (or ran another layer) meets the
+others out of step, and every rank raises one line naming the layer instead of summing
+unrelated figures. A rank with no samples joins both collectives with zeros.
+
+torch's own `nn.SyncBatchNorm` runs on CUDA only and over torch.distributed only; this one
+runs on CPU and CUDA ranks in one job, over MPI, torch.distributed, in-process ranks or one
+process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from lbtrain.comm import Communicator
+from lbtrain.session import CollectiveError, agree
+
+__all__ = [
+    "BatchNormMismatch",
+    "SyncBatchNorm",
+    "convert_sync_batchnorm",
+    "sync_batchnorm_layers",
+]
+
+# The stock layers whose forward is the formula this module reproduces; anything else that
+# is a _BatchNorm (a subclass with a forward of its own, a lazy layer) is refused by name.
+_STOCK = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+_TAG = 4  # slots before the figures: stamp, its square, layer index, its square
+_WRAP = 2**20  # stamps modulo this keep every sum of squares exact in float64
+
+
+class BatchNormMismatch(CollectiveError, ValueError):
+    """The ranks' models differ in their BatchNorm layers, or one cannot be synchronised.
+
+    Raised on every rank alike, with the first difference.
+    """
+
+
+class SyncBatchNorm(_BatchNorm):
+    """BatchNorm1d/2d/3d whose training statistics are those of the global batch.
+
+    Built by `convert_sync_batchnorm` (or `BalancedDataParallel`, which converts by
+    default) from a model's BatchNorm layers, keeping their parameters and buffers. Before
+    `comm` is set, or on one rank, it is plain BatchNorm. In eval mode it uses the running
+    statistics, with no collective, as BatchNorm does (a layer with
+    `track_running_stats=False` normalises an evaluation batch by its own statistics, as
+    BatchNorm does).
+
+    Every rank must run the same training forwards and backwards, an empty batch included:
+    each one is a collective.
+    """
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+    ) -> None:
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        self.comm: Communicator | None = None
+        self.layer_name = ""
+        self.layer_index = 0
+        # Called before each collective; the wrapper starts the gradient buckets that are
+        # complete, so that every rank starts its collectives in one order.
+        self.before_collective: Callable[[], None] | None = None
+        # The step every rank must be on (the wrapper's loader batch); None: the call count.
+        self.stamp: int | None = None
+        self._forwards = 0
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected an input of at least 2 dimensions, got {input.dim()}")
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            self.num_batches_tracked.add_(1)
+            if self.momentum is None:  # a cumulative average, as BatchNorm's
+                factor = 1.0 / float(self.num_batches_tracked)
+        batch_stats = self.training or self.running_mean is None
+        comm = self.comm
+        if not batch_stats or not self.training or comm is None or comm.size == 1:
+            # Eval, or one rank: BatchNorm itself, with no collective.
+            return nn.functional.batch_norm(
+                input,
+                self.running_mean if not self.training or self.track_running_stats else None,
+                self.running_var if not self.training or self.track_running_stats else None,
+                self.weight,
+                self.bias,
+                batch_stats,
+                factor,
+                self.eps,
+            )
+        return _SyncBatchNormFunction.apply(input, self.weight, self.bias, self, factor)
+
+    def _collective(self, buffer: torch.Tensor, phase: str, stamp: int) -> None:
+        """Sum `buffer` (tag slots first) over the ranks; refuse it on every rank if out of step."""
+        tags = (stamp % _WRAP, self.layer_index)
+        buffer[0], buffer[1] = tags[0], tags[0] ** 2
+        buffer[2], buffer[3] = tags[1], tags[1] ** 2
+        if self.before_collective is not None:
+            self.before_collective()
+        assert self.comm is not None
+        self.comm.allreduce_sum_(buffer)
+        size = self.comm.size
+        head = buffer[:_TAG].tolist()
+        # Every rank holds the same sums: if they all carry this rank's tags, the sums are
+        # size * tag and size * tag^2, and then all tags are equal (sum of (t - own)^2 = 0);
+        # otherwise every rank fails one test and raises the same line.
+        if any(
+            head[2 * k] != size * tag or head[2 * k + 1] != size * tag**2
+            for k, tag in enumerate(tags)
+        ):
+            raise RuntimeError(
+                f"rank {self.comm.rank}: the ranks are out of step at synchronised BatchNorm "
+                f"layer '{self.layer_name}' ({phase}): every rank must run forward and backward "
+                "on every batch, an empty one too, with the same BatchNorm layers in train mode"
+            )
+
+
+class _SyncBatchNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        input: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        layer: SyncBatchNorm,
+        factor: float,
+    ) -> torch.Tensor:
+        channels = input.shape[1]
+        dims = [0, *range(2, input.dim())]
+        local = input.numel() // channels if channels else 0
+        figures = torch.zeros(_TAG + 1 + 2 * channels, dtype=torch.float64, device=input.device)
+        if local:
+            var, mean = torch.var_mean(input, dim=dims, correction=0)
+            mean, var = mean.double(), var.double()
+            figures[_TAG] = local
+            figures[_TAG + 1 : _TAG + 1 + channels] = mean * local
+            figures[_TAG + 1 + channels :] = (var + mean * mean) * local
+        if layer.stamp is None:
+            layer._forwards += 1
+        stamp = layer._forwards if layer.stamp is None else layer.stamp
+        layer._collective(figures, "forward", stamp)
+        count = float(figures[_TAG])
+        if count <= 1:
+            raise ValueError(
+                f"synchronised BatchNorm layer '{layer.layer_name}' got {int(count)} value per "
+                "channel over all ranks in training: it needs more than 1 (a global batch of at "
+                "least 2 samples)"
+            )
+        mean = figures[_TAG + 1 : _TAG + 1 + channels] / count
+        var = (figures[_TAG + 1 + channels :] / count - mean * mean).clamp_(min=0)
+        if layer.track_running_stats and layer.running_mean is not None:
+            with torch.no_grad():
+                running = layer.running_mean, layer.running_var
+                unbiased = var * (count / (count - 1))
+                for buffer, value in zip(running, (mean, unbiased), strict=True):
+                    buffer.mul_(1 - factor).add_(value.to(buffer.dtype), alpha=factor)
+        mean, var = mean.to(input.dtype), var.to(input.dtype)
+        # BatchNorm in eval mode with the global figures: one fused pass.
+        output = nn.functional.batch_norm(input, mean, var, weight, bias, False, 0.0, layer.eps)
+        ctx.save_for_backward(input, weight, mean, var)
+        ctx.layer, ctx.count, ctx.stamp = layer, count, stamp
+        return output
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        input, weight, mean, var = ctx.saved_tensors
+        layer: SyncBatchNorm = ctx.layer
+        channels = input.shape[1]
+        grad = grad.contiguous()
+        figures = torch.zeros(_TAG + 2 * channels, dtype=torch.float64, device=input.device)
+        if input.numel():
+            # Eval-mode backward: grad * weight * invstd, and this rank's sum of grad * x_hat
+            # (weight's gradient) and of grad (bias's gradient), in one pass.
+            grad_input, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
+                grad, input, weight, mean, var, None, None, False, layer.eps, [True, True, True]
+            )
+            figures[_TAG : _TAG + channels] = sum_dy.double()
+            figures[_TAG + channels :] = sum_dy_xhat.double()
+        else:
+            grad_input = torch.zeros_like(input)
+            sum_dy_xhat = sum_dy = torch.zeros(channels, dtype=input.dtype, device=input.device)
+        layer._collective(figures, "backward", ctx.stamp)
+        if ctx.needs_input_grad[0] and input.numel():
+            # dx = w invstd (dy - mean(dy) - x_hat mean(dy x_hat)), means over the global batch:
+            # the eval-mode part is there; add x * b + c per channel.
+            invstd = torch.rsqrt(var.double() + layer.eps)
+            scale = invstd if weight is None else weight.double() * invstd
+            mean_dy = figures[_TAG : _TAG + channels] / ctx.count
+            mean_dy_xhat = figures[_TAG + channels :] / ctx.count
+            slope = -scale * invstd * mean_dy_xhat
+            offset = scale * (invstd * mean.double() * mean_dy_xhat - mean_dy)
+            shape = [1, channels] + [1] * (input.dim() - 2)
+            grad_input.addcmul_(input, slope.to(input.dtype).view(shape))
+            grad_input.add_(offset.to(input.dtype).view(shape))
+        return (
+            grad_input if ctx.needs_input_grad[0] else None,
+            sum_dy_xhat if ctx.needs_input_grad[1] else None,
+            sum_dy if ctx.needs_input_grad[2] else None,
+            None,
+            None,
+        )
+
+
+def sync_batchnorm_layers(model: nn.Module) -> list[tuple[str, SyncBatchNorm]]:
+    """The model's synchronised BatchNorm layers, by name, in module order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, SyncBatchNorm)]
+
+
+def convert_sync_batchnorm(model: nn.Module, comm: Communicator) -> nn.Module:
+    """Turn every BatchNorm1d/2d/3d of `model` into a `SyncBatchNorm` over `comm`; collective.
+
+    The layers keep their parameters and buffers (an optimizer built before still holds
+    them). Children are replaced in place; the model itself is returned, or its replacement
+    if it is a BatchNorm layer. Every rank must convert the same layers: the ranks compare
+    them in one allgather and raise `BatchNormMismatch` on every rank, naming the first
+    layer that differs. A BatchNorm subclass with a forward of its own, or a lazy one, is
+    refused by name: pass it through unconverted only knowing it normalises per rank.
+
+    Example:
+        >>> model = lbtrain.convert_sync_batchnorm(model, comm)  # before the optimizer
+    """
+    problem = _unsupported(model)
+    layers = comm.allgather(None if problem else _layout(model))
+    try:
+        agree(comm, lambda: _raise(problem or _disagreement(layers)), name_rank=True)
+    except CollectiveError as exc:
+        raise BatchNormMismatch(str(exc)) from None
+    converted = _convert(model)
+    for index, (name, layer) in enumerate(sync_batchnorm_layers(converted)):
+        layer.comm, layer.layer_name, layer.layer_index = comm, name or "(the model)", index
+    return converted
+
+
+def _convert(module: nn.Module) -> nn.Module:
+    if type(module) in _STOCK:
+        layer = SyncBatchNorm(
+            module.num_features, module.eps, module.momentum, module.affine,
+            module.track_running_stats,
+        )  # fmt: skip
+        if module.affine:
+            layer.weight, layer.bias = module.weight, module.bias
+        layer.running_mean, layer.running_var = module.running_mean, module.running_var
+        layer.num_batches_tracked = module.num_batches_tracked
+        layer.train(module.training)
+        for key, hook in module._forward_pre_hooks.items():  # e.g. spectral norm, pruning
+            layer._forward_pre_hooks[key] = hook
+        return layer
+    for name, child in module.named_children():
+        new = _convert(child)
+        if new is not child:
+            module.add_module(name, new)
+    return module
+
+
+def _layout(model: nn.Module) -> list[tuple]:
+    rows = []
+    for name, m in model.named_modules():
+        if isinstance(m, _BatchNorm):
+            rows.append((name, type(m).__name__ if type(m) is not SyncBatchNorm else "BatchNorm",
+                         m.num_features, m.affine, m.track_running_stats))  # fmt: skip
+    return rows
+
+
+def _unsupported(model: nn.Module) -> str | None:
+    for name, m in model.named_modules():
+        if isinstance(m, _BatchNorm) and type(m) not in (*_STOCK, SyncBatchNorm):
+            return (
+                f"layer '{name}' is a {type(m).__name__}, a BatchNorm of its own that lbtrain "
+                "cannot synchronise: use nn.BatchNorm1d/2d/3d there, or pass "
+                "sync_batchnorm=False and accept per-rank statistics (not exact)"
+            )
+    return None
+
+
+def _disagreement(layers: list[list[tuple] | None]) -> str | None:
+    first = layers[0] or []
+    for rank, rows in enumerate(layers[1:], start=1):
+        rows = rows or []
+        if rows == first:
+            continue
+        for mine, theirs in zip(first, rows, strict=False):
+            if mine != theirs:
+                return (
+                    f"the ranks' BatchNorm layers differ: rank 0 has '{mine[0]}' ({_row(mine)}), "
+                    f"rank {rank} '{theirs[0]}' ({_row(theirs)}): build the same model on "
+                    "every rank"
+                )
+        if len(first) > len(rows):
+            extra, has, lacks = first[len(rows)], 0, rank
+        else:
+            extra, has, lacks = rows[len(first)], rank, 0
+        return (
+            f"the ranks' BatchNorm layers differ: layer '{extra[0]}' ({_row(extra)}) is on "
+            f"rank {has} but not on rank {lacks}: build the same model on every rank"
+        )
+    return None
+
+
+def _row(row: tuple) -> str:
+    name, kind, features, affine, track = row
+    return f"{kind}({features}{'' if affine else ', affine=False'}" + (
+        ")" if track else ", track_running_stats=False)"
+    )
+
+
+def _raise(problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(problem)

@@ -1,0 +1,91 @@
+"""The wrapper's checks of its arguments and the lines it refuses a loop with."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from lbtrain.comm import Communicator
+from lbtrain.data import BalancedLoader
+
+__all__ = ["LOSS_REDUCTIONS", "WEIGHTINGS", "check_arguments"]
+
+WEIGHTINGS = ("share", "uniform")
+LOSS_REDUCTIONS = ("mean", "sum", "count")
+
+
+def no_new_batch(rank: int, handed_out: int) -> str:
+    drawn = (
+        f"none since batch {handed_out}, which was synced or drawn before the model was wrapped"
+        if handed_out
+        else "it has handed out no batch yet"
+    )
+    return (
+        f"rank {rank}: a training forward without a new batch from the loader the model was "
+        f"wrapped with ({drawn}): take one batch at a time from that loader for each step "
+        "(not list(loader), a prefetcher or another loader), and run forwards that are not "
+        "training steps under torch.no_grad() or model.eval()"
+    )
+
+
+def second_backward(rank: int, why: str) -> str:
+    return (
+        f"rank {rank}: a second backward through one forward {why}: sum the losses and call "
+        "backward once"
+    )
+
+
+def bucket_disagreement(layouts: list[list[int]]) -> str | None:
+    for rank, layout in enumerate(layouts):
+        if layout != layouts[0]:
+            return (
+                f"rank {rank} cuts the gradients into {_buckets(layout)} and rank 0 into "
+                f"{_buckets(layouts[0])}: pass the same bucket_mb and overlap to "
+                "BalancedDataParallel on every rank, each rank's model on one device"
+            )
+    return None
+
+
+def _buckets(layout: list[int]) -> str:
+    sizes = ", ".join(map(str, layout[:4])) + (", ..." if len(layout) > 4 else "")
+    return f"{len(layout)} bucket{'s' * (len(layout) != 1)} ({sizes} elements)"
+
+
+def raise_if(problem: str | None) -> None:
+    if problem is not None:
+        raise ValueError(problem)
+
+
+# ValueError, not TypeError: agree() reports these on every rank, so none waits alone.
+def check_arguments(
+    module: nn.Module,
+    comm: Communicator,
+    loader: BalancedLoader,
+    weighting: str,
+    loss_reduction: str,
+) -> None:
+    """Refuse a wrong module, loader, weighting or loss reduction (ValueError)."""
+    if not isinstance(module, nn.Module):
+        raise ValueError(f"module={module!r:.60} is not an nn.Module; pass the model to wrap")
+    if not isinstance(loader, BalancedLoader):
+        raise ValueError(
+            f"loader={type(loader).__name__} is not a BalancedLoader; build it with "
+            "lbtrain.balanced_loader(plan, dataset, rank=comm.rank)"
+        )
+    plan, rank = loader.plan, loader.batch_sampler.rank
+    if plan.world_size != comm.size:
+        raise ValueError(
+            f"loader's plan is for {plan.world_size} ranks but the job has {comm.size}; plan "
+            f"again for {comm.size} ranks (lbtrain.plan_for)"
+        )
+    if rank != comm.rank:
+        raise ValueError(
+            f"loader was built for rank {rank}; pass rank=comm.rank to balanced_loader"
+        )
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting={weighting!r} must be one of {', '.join(WEIGHTINGS)}")
+    if loss_reduction not in LOSS_REDUCTIONS:
+        raise ValueError(
+            f"loss_reduction={loss_reduction!r} must be one of {', '.join(LOSS_REDUCTIONS)}: "
+            "'mean' for a loss averaged over the rank's samples, 'sum' for one summed over "
+            "them, 'count' for one averaged over units you count (model.set_loss_count(n))"
+        )

@@ -1,0 +1,166 @@
+"""`SyncBatchNorm` on its own: one process's BatchNorm over any split of the batch.
+
+The training runs through `BalancedDataParallel` (every engine, zero shares, ResNet) are in
+test_parallel.py and tests/mpi/test_exactness.py; here, the layer's own cases.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from lbtrain import BalancedDataParallel, SyncBatchNorm, balanced_loader, convert_sync_batchnorm
+from lbtrain.comm import SingleProcessCommunicator, run_ranks
+from tests.mpi.scripts.bn_exactness import _plan
+
+
+def _values(results):
+    for result in results:
+        if result.error is not None:
+            raise result.error
+    return [result.value for result in results]
+
+
+def _split_run(model: nn.Module, inputs: torch.Tensor, sizes: list[int]):
+    """Forward and backward of `inputs` cut into `sizes` on in-process ranks, against one
+    process: (max output difference, max input-gradient difference, per-rank buffers)."""
+    reference = copy.deepcopy(model)
+    x = inputs.clone().requires_grad_()
+    out = reference(x)
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out).double()).sum().backward()
+
+    def work(comm):
+        mine = convert_sync_batchnorm(copy.deepcopy(model), comm)
+        start = sum(sizes[: comm.rank])
+        part = inputs[start : start + sizes[comm.rank]].clone().requires_grad_()
+        y = mine(part)
+        weights = torch.linspace(-1, 1, out.numel()).view_as(out).double()
+        (y * weights[start : start + len(part)]).sum().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in mine.parameters()])
+        comm.allreduce_sum_(grads)
+        return (
+            (y - out[start : start + len(part)]).abs().max().item() if len(part) else 0.0,
+            (part.grad - x.grad[start : start + len(part)]).abs().max().item() if len(part) else 0,
+            (grads - torch.cat([p.grad.reshape(-1) for p in reference.parameters()])).abs().max(),
+            [b.clone() for b in mine.buffers()],
+        )
+
+    results = _values(run_ranks(len(sizes), work, timeout=30))
+    buffers = [r[3] for r in results]
+    for rank_buffers in buffers:
+        for mine, theirs in zip(rank_buffers, reference.buffers(), strict=True):
+            assert torch.allclose(mine.double(), theirs.double(), rtol=0, atol=1e-12)
+    return max(r[0] for r in results), max(r[1] for r in results), max(r[2] for r in results)
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        nn.BatchNorm1d(5, momentum=None),  # a cumulative average of the statistics
+        nn.BatchNorm1d(5, track_running_stats=False),
+        nn.BatchNorm1d(5, affine=False),
+    ],
+    ids=["momentum-none", "no-running-stats", "no-affine"],
+)
+def test_every_kind_of_batchnorm_layer_is_one_process_over_the_split_batch(layer):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 5), layer, nn.Tanh(), nn.Linear(5, 2)).double()
+    inputs = torch.randn(24, 3, dtype=torch.float64) * 3 + 2
+    for _ in range(2):  # the second forward starts from the first's running statistics
+        outputs, grads, params = _split_run(model, inputs, [1, 0, 23])
+        assert max(outputs, grads, params) < 1e-12
+
+
+def test_with_one_rank_or_none_it_is_batchnorm_itself():
+    torch.manual_seed(0)
+    plain = nn.BatchNorm2d(3).double()
+    synced = convert_sync_batchnorm(copy.deepcopy(plain), SingleProcessCommunicator())
+    assert isinstance(synced, SyncBatchNorm)
+    x = torch.randn(4, 3, 5, 5, dtype=torch.float64)
+    assert torch.equal(plain(x), synced(x))
+    plain.eval(), synced.eval()
+    assert torch.equal(plain(x), synced(x))
+
+
+def test_eval_mode_uses_the_running_statistics_with_no_collective():
+    class NoCollectives(SingleProcessCommunicator):
+        size = 2  # looks like a job, and fails if a collective is made
+
+        def allreduce_sum_(self, buffer):
+            raise AssertionError("a collective in eval mode")
+
+    layer = SyncBatchNorm(3)
+    layer.comm = NoCollectives()
+    layer.running_mean.fill_(1.0)
+    layer.eval()
+    x = torch.full((2, 3), 1.0)
+    assert torch.allclose(layer(x), torch.zeros(2, 3))
+
+
+def test_float32_statistics_of_an_off_centre_channel_are_combined_in_float64():
+    """A channel of mean 1e4 and spread 1: in float32 the sum of squares minus N mean^2
+    would lose the variance; the ranks' figures are combined in float64."""
+    torch.manual_seed(0)
+    inputs = torch.randn(60, 2) + 1e4
+
+    def work(comm):
+        layer = convert_sync_batchnorm(nn.BatchNorm1d(2, momentum=1.0), comm)
+        layer(inputs[comm.rank * 20 : (comm.rank + 1) * 20])
+        return layer.running_var
+
+    expected = inputs.double().var(dim=0)
+    for variance in _values(run_ranks(3, work, timeout=30)):
+        assert torch.allclose(variance.double(), expected, rtol=1e-4)
+
+
+def test_a_batchnorm_of_its_own_is_refused_by_name_on_every_rank():
+    class MyNorm(nn.BatchNorm1d):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    def work(comm):
+        try:
+            convert_sync_batchnorm(nn.Sequential(nn.Linear(2, 3), MyNorm(3)), comm)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    said = _values(run_ranks(2, work, timeout=30))
+    assert said[0] == said[1]
+    assert said[0].startswith("layer '1' is a MyNorm, a BatchNorm of its own"), said
+
+
+def test_a_global_batch_of_one_sample_is_refused_as_batchnorm_does():
+    def work(comm):
+        layer = convert_sync_batchnorm(nn.BatchNorm1d(2), comm)
+        try:
+            layer(torch.ones(comm.rank, 2))  # 0 and 1 samples
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    said = _values(run_ranks(2, work, timeout=30))
+    assert said[0] == said[1] and "got 1 value per channel over all ranks" in said[0], said
+
+
+def _count_model(reduction: str):
+    loader = balanced_loader(_plan([4]), TensorDataset(torch.randn(8, 2)), rank=0)
+    comm = SingleProcessCommunicator()
+    return BalancedDataParallel(nn.Linear(2, 1), comm, loader, loss_reduction=reduction), loader
+
+
+def test_a_count_loss_without_its_count_is_one_line_at_backward():
+    model, loader = _count_model("count")
+    (x,) = next(iter(loader))
+    with pytest.raises(RuntimeError, match=r"call model.set_loss_count\(n\) on every rank"):
+        model(x).sum().backward()
+
+
+def test_set_loss_count_is_refused_for_another_reduction():
+    model, _ = _count_model("mean")
+    with pytest.raises(RuntimeError, match="set_loss_count\\(\\) is for loss_reduction='count'"):
+        model.set_loss_count(3)
