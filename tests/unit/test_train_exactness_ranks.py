@@ -86,3 +86,36 @@ def test_an_ensemble_on_unequal_ranks_with_a_zero_share_matches_one_process(tmp_
             tmp_path / name, *ensemble, "--plan", str(plan(tmp_path)), "--replan", "off"
         )
         assert max_difference(model, reference) < 1e-5, name
+
+
+def _plan_file(path, sizes: list[int]) -> str:
+    from lbtrain.balancer import BalancePlan, ReplicaSpeed
+
+    speeds = tuple(ReplicaSpeed(float(max(s, 1)), alpha=float(s == 0)) for s in sizes)
+    path.write_text(BalancePlan("cost", sum(sizes), tuple(sizes), speeds).to_json())
+    return str(path)
+
+
+def test_ssftt_with_batchnorm_matches_one_process_and_per_rank_statistics_do_not(tmp_path):
+    """SSFTT holds BatchNorm3d and BatchNorm2d: synchronised (the default), three ranks end
+    where one process ends, with a zero share too; with `--sync-batchnorm off` they do not.
+    (Batches of 41: the 163 training pixels leave a tail of 40, which per-rank BatchNorm can
+    take; a tail of 3 cut 1/1/1 it cannot.)"""
+    from lbtrain import SingleProcessCommunicator
+    from lbtrain.cli.main import main
+
+    ssftt = [*COMMON, "--model", "ssftt", "--patch-size", "5", "--global-batch", "41"]
+    assert main([*ssftt, "--out", str(tmp_path / "one")], comm=SingleProcessCommunicator()) == 0
+    alone, _ = trained(tmp_path / "one")
+    runs = {"sync": ([27, 0, 14], "on"), "sync2": ([6, 11, 24], "on"), "own": ([6, 11, 24], "off")}
+    models = {}
+    for out, (sizes, sync) in runs.items():
+        plan = _plan_file(tmp_path / f"{out}.json", sizes)
+        job = lbtrain_ranks(3, *ssftt, "--plan", plan, "--replan", "off", "--sync-batchnorm",
+                            sync, "--out", str(tmp_path / out))  # fmt: skip
+        assert job.codes == [0, 0, 0], job.output()
+        models[out], planned = trained(tmp_path / out)
+        assert planned == sizes
+    assert max_difference(models["sync"], alone) < 1e-5
+    assert max_difference(models["sync2"], alone) < 1e-5
+    assert max_difference(models["own"], alone) > 1e-3
