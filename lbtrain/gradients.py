@@ -257,11 +257,14 @@ class GradientSync:
         For a loop that backpropagates again before zeroing the gradients (accumulation
         without `no_sync`, a second backward through one forward): the next sync adds only
         the gradient computed since, and `wait` puts the kept sum back, as one process
-        accumulates. A bucket of zeros keeps nothing (one read of it).
+        accumulates. A bucket whose gradients were all set to None (an optimizer's
+        `zero_grad()`) keeps nothing at no cost; one of zeros after one read of it.
         """
-        self.adopt_grads()
         for bucket in self.buckets:
-            if bool(bucket.flat.any()):
+            held = any(p.grad is not None for p in bucket.params)
+            for index in range(len(bucket.params)):
+                bucket.attach(index)
+            if held and bool(bucket.flat.any()):
                 if bucket.carry is None:
                     bucket.carry = bucket.flat.clone()
                 else:

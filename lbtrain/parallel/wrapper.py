@@ -9,6 +9,7 @@ that when `backward()` returns every rank holds the mean gradient over the globa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -231,16 +232,17 @@ class BalancedDataParallel(nn.Module):
                 f"{self.loss_reduction!r}); pass loss_reduction='count' to BalancedDataParallel"
             )
         count = float(count)
-        if not count >= 0 or count != count or count == float("inf"):
+        if not (math.isfinite(count) and count >= 0):
             raise ValueError(f"count={count!r} must be a finite number >= 0 (this rank's units)")
-        total = torch.tensor([count], dtype=torch.float64)
-        self.comm.allreduce_sum_(total)
-        if not total.item() > 0:
+        buffer = torch.tensor([count], dtype=torch.float64)
+        self.comm.allreduce_sum_(buffer)
+        total = float(buffer.item())
+        if not total > 0:
             raise ValueError(
                 "set_loss_count: the ranks' counts sum to 0: a loss over no units has no gradient"
             )
-        self._units[self.loader.batches] = (count, float(total.item()))
-        return float(total.item())
+        self._units[self.loader.batches] = (count, total)
+        return total
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients, one pass per bucket; they stay views of the buckets.

@@ -15,7 +15,7 @@ from torch.utils.data import TensorDataset
 
 from lbtrain import BalancedDataParallel, SyncBatchNorm, balanced_loader, convert_sync_batchnorm
 from lbtrain.comm import SingleProcessCommunicator, run_ranks
-from tests.mpi.scripts.bn_exactness import _plan
+from tests.mpi.scripts.wrapper_exactness import _plan
 
 
 def _values(results):

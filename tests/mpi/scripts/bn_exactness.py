@@ -1,7 +1,7 @@
 """A model with BatchNorm, through `BalancedDataParallel`, must train as one process does.
 
-Run through wrapper_exactness.py (`bn/CASE`), or alone:
-     mpiexec -n 3 python -m mpi4py tests/mpi/scripts/bn_exactness.py CASE ...
+Run through exactness.py as `wrapper/bn/CASE` (or wrapper_exactness.py as `bn/CASE`), e.g.
+     mpiexec -n 3 python -m mpi4py tests/mpi/scripts/exactness.py wrapper/bn/5,11,48
 CASE is SHARES[:MODEL], e.g. 5,11,48:convnet or 20,0,44:resnet; MODEL is "convnet" (a
 small net with BatchNorm3d, BatchNorm2d and BatchNorm1d, the default) or "resnet"
 (examples/resnet_cifar.py's ResNetCifar, one block per stage, on 8x8 images). The ranks'
@@ -14,26 +14,19 @@ the layer. `skip`: the last rank skips one forward; every rank must stop with a 
 
 from __future__ import annotations
 
-import sys
 import threading
-from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from lbtrain import BalancedDataParallel, balanced_loader, world_communicator
-from lbtrain.balancer import BalancePlan, ReplicaSpeed
+from lbtrain import BalancedDataParallel, balanced_loader
 from lbtrain.comm import Communicator
 from lbtrain.data import epoch_schedule
+from tests.mpi.scripts.wrapper_exactness import _plan
 
 EPOCHS = 2
 _SEEDING = threading.Lock()  # ranks that are threads share torch's global generator
-
-
-def _plan(sizes: list[int]) -> BalancePlan:
-    speeds = tuple(ReplicaSpeed(float(max(s, 1))) for s in sizes)
-    return BalancePlan("cost", sum(sizes), tuple(sizes), speeds)
 
 
 class ConvNet(nn.Module):
@@ -56,8 +49,7 @@ def make_model(name: str, **options) -> nn.Module:
     with _SEEDING:
         torch.manual_seed(0)
         if name == "resnet":
-            sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
-            from resnet_cifar import ResNetCifar
+            from examples.resnet_cifar import ResNetCifar
 
             return ResNetCifar(n=1, classes=4).double()
         return ConvNet(**options).double()
@@ -160,15 +152,3 @@ def run_case(comm: Communicator, case: str) -> str:
         return _everywhere(comm, "skip", skip(comm))
     sizes, _, name = case.partition(":")
     return check(comm, [int(s) for s in sizes.split(",")], name or "convnet")
-
-
-def main() -> None:
-    comm = world_communicator()
-    for case in sys.argv[1:]:
-        line = run_case(comm, case)
-        if comm.rank == 0:
-            print(line, flush=True)
-
-
-if __name__ == "__main__":
-    main()
