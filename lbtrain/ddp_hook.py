@@ -9,6 +9,13 @@ For people who keep stock `torch.nn.parallel.DistributedDataParallel`:
 DDP's own hook divides every bucket by the world size, which over-weights ranks with small
 batches; this one multiplies it by w_i = b_i / B (the loader's weight for the step) and
 sums, so the update is the one a single process makes on the whole global batch.
+
+With BatchNorm, synchronise it and weight the loss instead of the buckets:
+
+    model = DistributedDataParallel(lbtrain.convert_sync_batchnorm(model, comm))
+    model.register_comm_hook(lbtrain.WeightedHookState(loader, prescaled=True),
+                             lbtrain.weighted_allreduce_hook)
+    (loss_fn(model(x), y) * loader.weight).backward()
 """
 
 # No `from __future__ import annotations` here: DDP's register_comm_hook compares the hook's
@@ -30,9 +37,15 @@ class WeightedHookState:
     Args:
         loader: this rank's `balanced_loader`; its `weight` is read at each bucket.
         process_group: the DDP model's process group (default: the whole world).
+        prescaled: the loss already carries the weight (`loss * loader.weight`), so the
+            buckets are summed as they are. Needed with `lbtrain.convert_sync_batchnorm`:
+            synchronised BatchNorm's backward adds the ranks' output gradients, which must
+            carry each rank's weight before they reach it.
     """
 
-    def __init__(self, loader: BalancedLoader, process_group: Any = None) -> None:
+    def __init__(
+        self, loader: BalancedLoader, process_group: Any = None, *, prescaled: bool = False
+    ) -> None:
         if not isinstance(loader, BalancedLoader):
             raise ValueError(
                 f"loader={type(loader).__name__} is not a BalancedLoader; build it with "
@@ -40,6 +53,7 @@ class WeightedHookState:
             )
         self.loader = loader
         self.process_group = process_group
+        self.prescaled = bool(prescaled)
         self.checked = False
 
     def check(self, device: torch.device) -> None:
@@ -90,7 +104,7 @@ def weighted_allreduce_hook(
     weight = state.loader.weight
     if weight == 0:
         buffer.zero_()
-    elif weight != 1:
+    elif weight != 1 and not state.prescaled:
         buffer.mul_(weight)
     work = dist.all_reduce(buffer, group=state.process_group, async_op=True)
     return work.get_future().then(lambda future: future.value()[0])

@@ -186,6 +186,7 @@ def profile_workload(
     workload: Workload,
     config: ProfileConfig,
     build_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    sync_batchnorm: bool = True,
 ) -> list[ReplicaProfile]:
     """Profile every rank on the workload's real model and sample shape; collective.
 
@@ -196,6 +197,8 @@ def profile_workload(
         config: ladder, repeats and time budget.
         build_optimizer: the optimizer training will use (its step is part of the cost);
             default the workload's.
+        sync_batchnorm: training will synchronise BatchNorm (its collectives join the sync
+            time).
     """
     device = replica.device
     model = workload.build_model().to(device)
@@ -212,6 +215,7 @@ def profile_workload(
         workload=workload.name,
         host=replica.assignment.host,
         memory_share=1.0 / replica.assignment.local_size,
+        sync_batchnorm=sync_batchnorm,
     )
     # What was timed, so that training can refuse these profiles for another model.
     model_name, shape = describe_model(model), tuple(workload.sample_shape)

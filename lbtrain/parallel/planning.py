@@ -60,6 +60,7 @@ def plan_for(
     time_budget: float = 10.0,
     slowdown: float = 1.0,
     profiles: list[ReplicaProfile] | None = None,
+    sync_batchnorm: bool = True,
 ) -> BalancePlan:
     """Measure how fast this rank trains `model`, and plan the global batch; collective.
 
@@ -82,6 +83,8 @@ def plan_for(
         time_budget: seconds each rank spends profiling, about.
         slowdown: emulated slowdown of this rank (a testing aid; 1 = none).
         profiles: earlier profiles (`lbtrain.load_profiles`) to plan from instead of measuring.
+        sync_batchnorm: as passed to `BalancedDataParallel`: its BatchNorm collectives join
+            the measured sync time.
 
     Returns:
         The BalancePlan; pass it to `balanced_loader`.
@@ -137,6 +140,7 @@ def plan_for(
             device=device,
             config=config,
             slowdown=Slowdown(slowdown),
+            sync_batchnorm=sync_batchnorm,
         )
     measured = profiles
     return agree(

@@ -379,7 +379,8 @@ def profile_all(
         comm: the job's communicator.
         model, optimizer, loss_fn, make_batch: as for `profile_replica`.
         **kwargs: further `profile_replica` arguments (device, config, slowdown, timer,
-            workload); rank and memory_share default to this rank and 1 / ranks on its node.
+            workload); rank and memory_share default to this rank and 1 / ranks on its node;
+            and `sync_batchnorm` (default True) for `time_sync`.
 
     Returns:
         One ReplicaProfile per rank. Unless the config names a reference batch, every
@@ -392,11 +393,14 @@ def profile_all(
         kwargs.setdefault("memory_share", 1.0 / layout.local_size)
         kwargs.setdefault("host", layout.host)
     # Start together: ranks sharing a node should be measured while all of them compete.
+    sync_batchnorm = bool(kwargs.pop("sync_batchnorm", True))
     comm.barrier()
     profile = profile_replica(model, optimizer, loss_fn, make_batch, rank=comm.rank, **kwargs)
     # After every rank's compute, as in training; time_sync is collective and gives every
     # rank the same (slowest rank's) figure.
-    seconds, nbytes = time_sync(comm, model, timer=kwargs.get("timer", time.perf_counter))
+    seconds, nbytes = time_sync(
+        comm, model, timer=kwargs.get("timer", time.perf_counter), sync_batchnorm=sync_batchnorm
+    )
     profile = dataclasses.replace(
         profile, sync_time=seconds, sync_bytes=nbytes, sync_ranks=comm.size
     )

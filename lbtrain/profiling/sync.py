@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from lbtrain.balancer.network import CommCost
 from lbtrain.comm import Communicator
@@ -16,7 +17,7 @@ from lbtrain.devices import synchronize
 from lbtrain.gradients import DEFAULT_BUCKET_MB, sync_layout
 from lbtrain.profiling.record import ReplicaProfile
 
-__all__ = ["CONTROL_FLOATS", "comm_cost", "sync_buffers", "time_sync"]
+__all__ = ["CONTROL_FLOATS", "batchnorm_buffers", "comm_cost", "sync_buffers", "time_sync"]
 
 # The trainer's per-step control allreduce: loss, correct, non-finite, SIGINT, SIGTERM, samples.
 CONTROL_FLOATS = 6
@@ -30,6 +31,23 @@ def sync_buffers(model: nn.Module, bucket_mb: float = DEFAULT_BUCKET_MB) -> list
     ]
 
 
+def batchnorm_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """The small float64 buffers synchronised BatchNorm sums each step: two per layer.
+
+    Per BatchNorm layer, the forward's tag slots, count, sums and sums of squares, and the
+    backward's tag slots and two per-channel sums (lbtrain/parallel/batchnorm.py).
+    """
+    buffers = []
+    for module in model.modules():
+        if isinstance(module, _BatchNorm):
+            channels = module.num_features
+            held = module.weight if module.weight is not None else module.running_mean
+            device = held.device if held is not None else None
+            buffers.append(torch.zeros(5 + 2 * channels, dtype=torch.float64, device=device))
+            buffers.append(torch.zeros(4 + 2 * channels, dtype=torch.float64, device=device))
+    return buffers
+
+
 def time_sync(
     comm: Communicator,
     model: nn.Module,
@@ -37,6 +55,7 @@ def time_sync(
     timer: Callable[[], float] = time.perf_counter,
     *,
     bucket_mb: float = DEFAULT_BUCKET_MB,
+    sync_batchnorm: bool = True,
 ) -> tuple[float, int]:
     """Seconds one step's sync takes on this job, and the gradient bytes it reduces.
 
@@ -45,7 +64,10 @@ def time_sync(
     (connections, staging buffers); each timed round starts after a barrier, since the real
     sync starts once the slowest rank is done. Each rank keeps the median of its rounds and
     the job's figure is the largest, so every rank returns the same numbers. On one rank the
-    figure is the local cost only (no network).
+    figure is the local cost only (no network). With `sync_batchnorm`, each round also
+    makes the two small allreduces per BatchNorm layer that synchronised BatchNorm makes
+    during forward and backward, so the plan's communication term counts them; the bytes
+    returned stay the gradients'.
 
     Args:
         comm: the job's communicator.
@@ -53,6 +75,7 @@ def time_sync(
         repeats: timed rounds (>= 1).
         timer: clock in seconds; injectable for tests.
         bucket_mb: bucket size, as passed to `sync_gradients`.
+        sync_batchnorm: count synchronised BatchNorm's collectives.
 
     Returns:
         (seconds, nbytes).
@@ -61,6 +84,7 @@ def time_sync(
         raise ValueError(f"repeats={repeats!r} must be a whole number >= 1")
     buffers = sync_buffers(model, bucket_mb)
     nbytes = sum(b.numel() * b.element_size() for b in buffers)
+    small = batchnorm_buffers(model) if sync_batchnorm and comm.size > 1 else []
     control = np.zeros(CONTROL_FLOATS)
     devices = sorted({b.device for b in buffers if b.device.type == "cuda"}, key=str)
 
@@ -72,6 +96,8 @@ def time_sync(
         wait_for_devices()
         comm.barrier()
         begin = timer()
+        for buffer in small:
+            comm.allreduce_sum_(buffer)
         comm.allreduce_sum_(control)
         for buffer in buffers:
             comm.allreduce_sum_(buffer)

@@ -109,7 +109,8 @@ def _profile(
             min_repeats=MIN_REPEATS,
         ),
     )
-    return profile_workload(comm, replica, workload, profile_config, make_optimizer)
+    return profile_workload(comm, replica, workload, profile_config, make_optimizer,
+                            sync_batchnorm=config.sync_batchnorm == "on")  # fmt: skip
 
 
 def _plan_of(

@@ -31,7 +31,8 @@ WRAPPER_CASES = (
     "wrapper/20,0,44:sum",
     "wrapper/20,0,44:count",
 )
-BN_CASES = ("wrapper/bn/5,11,48", "wrapper/bn/20,0,44:resnet", "wrapper/bn/1,20,43")
+BN_CASES = ("wrapper/bn/5,11,48", "wrapper/bn/20,0,44:resnet", "wrapper/bn/1,20,43",
+            "wrapper/bn/20,0,44@ddp")  # fmt: skip
 BN_REFUSALS = ("wrapper/bn/mismatch", "wrapper/bn/skip")
 ENGINES = {"mpiexec": (run_mpi, "MPICommunicator"), "torchrun": (run_torchrun, "TorchDist")}
 

@@ -95,6 +95,19 @@ def test_sync_reduces_the_control_array_then_each_gradient_bucket_after_a_barrie
     assert comm.calls[-1] == ("allgather", pytest.approx(0.3))
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_synchronised_batchnorm_adds_two_small_allreduces_per_layer_to_each_round(sync):
+    """The plan's communication term counts the collectives BatchNorm makes in training."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 5), nn.BatchNorm1d(5))
+    clock = FakeClock()
+    comm = RecordingComm(clock, [0.1] * 2, others=[0.1])
+    _, nbytes = time_sync(comm, model, repeats=1, timer=clock, sync_batchnorm=sync)
+    assert nbytes == trainable_bytes(model)  # the bytes stay the gradients'
+    small = [call[2] for call in comm.calls if call[:2] == ("torch", torch.float64)]
+    expected = [(5 + 2 * 4,), (4 + 2 * 4,), (5 + 2 * 5,), (4 + 2 * 5,)] if sync else []
+    assert small == expected * 2  # the warm-up round, then the timed one
+
+
 def test_the_job_figure_is_the_slowest_ranks_median():
     clock = FakeClock()
     comm = RecordingComm(clock, [1.0, 0.1, 0.2, 0.1], others=[0.7])

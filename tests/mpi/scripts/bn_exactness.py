@@ -2,12 +2,14 @@
 
 Run through exactness.py as `wrapper/bn/CASE` (or wrapper_exactness.py as `bn/CASE`), e.g.
      mpiexec -n 3 python -m mpi4py tests/mpi/scripts/exactness.py wrapper/bn/5,11,48
-CASE is SHARES[:MODEL], e.g. 5,11,48:convnet or 20,0,44:resnet; MODEL is "convnet" (a
+CASE is SHARES[:MODEL][@ddp], e.g. 5,11,48:convnet or 20,0,44:resnet@ddp; MODEL is "convnet" (a
 small net with BatchNorm3d, BatchNorm2d and BatchNorm1d, the default) or "resnet"
 (examples/resnet_cifar.py's ResNetCifar, one block per stage, on 8x8 images). The ranks'
 BatchNorm layers are synchronised (the wrapper's default); a second model with
 `sync_batchnorm=False` trains alongside and must visibly miss, which shows the comparison
-can fail. The running statistics must be the same on every rank and one process's.
+can fail. The running statistics must be the same on every rank and one process's. `@ddp`:
+the synchronised model is stock DDP over `convert_sync_batchnorm`, with the weighted hook
+and the weight in the loss (`WeightedHookState(loader, prescaled=True)`).
 `mismatch`: rank 1 builds the model without its BatchNorm1d; every rank must refuse, naming
 the layer. `skip`: the last rank skips one forward; every rank must stop with a line.
 """
@@ -64,14 +66,34 @@ def make_data(name: str, count: int) -> tuple[torch.Tensor, torch.Tensor]:
     return inputs, torch.randint(0, 4, (count,), generator=generator)
 
 
-def check(comm: Communicator, sizes: list[int], name: str = "convnet") -> str:
-    """Train synchronised, per-rank and reference models; assert; a line saying so."""
+def _ddp(comm: Communicator, model: nn.Module, loader) -> nn.Module:
+    """Stock DDP over a synchronised model, the hook summing a loss that carries the weight."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from lbtrain import WeightedHookState, convert_sync_batchnorm, weighted_allreduce_hook
+    from tests.mpi.scripts.wrapper_exactness import process_group
+
+    process_group(comm)
+    ddp = DistributedDataParallel(convert_sync_batchnorm(model, comm), bucket_cap_mb=0.01)
+    ddp.register_comm_hook(WeightedHookState(loader, prescaled=True), weighted_allreduce_hook)
+    return ddp
+
+
+def check(comm: Communicator, sizes: list[int], name: str = "convnet", ddp: bool = False) -> str:
+    """Train synchronised, per-rank and reference models; assert; a line saying so.
+
+    `ddp`: the synchronised model is stock DDP with `weighted_allreduce_hook` (needs real
+    processes: torchrun, or mpiexec with a gloo group beside MPI).
+    """
     count = 2 * sum(sizes) + 9  # two full global batches and a short tail
     inputs, targets = make_data(name, count)
     plan = _plan(sizes)
     loader = balanced_loader(plan, TensorDataset(inputs, targets), rank=comm.rank, seed=3)
     models = [make_model(name) for _ in range(3)]
-    exact = BalancedDataParallel(models[0], comm, loader, bucket_mb=0.01)
+    if ddp:
+        exact = _ddp(comm, models[0], loader)
+    else:
+        exact = BalancedDataParallel(models[0], comm, loader, bucket_mb=0.01)
     per_rank = BalancedDataParallel(models[1], comm, loader, sync_batchnorm=False)
     reference = models[2]
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
@@ -81,7 +103,9 @@ def check(comm: Communicator, sizes: list[int], name: str = "convnet") -> str:
         for x, y in loader:
             for model, optimizer in zip((exact, per_rank), optimizers, strict=False):
                 optimizer.zero_grad()
-                if len(x) > 1 or model is exact:  # plain BatchNorm needs 2 samples
+                if ddp and model is exact:
+                    (loss_fn(model(x), y) * loader.weight).backward()
+                elif len(x) > 1 or model is exact:  # plain BatchNorm needs 2 samples
                     loss_fn(model(x), y).backward()
                 else:
                     model.finish()
@@ -103,7 +127,8 @@ def check(comm: Communicator, sizes: list[int], name: str = "convnet") -> str:
     assert per_rank_diff > 1e-4, f"rank {comm.rank}: per-rank BatchNorm matched ({per_rank_diff})"
     assert all(s == sums[0] for s in sums), "the ranks' parameters or statistics differ"
     return (
-        f"batchnorm exactness ok: ranks={comm.size} batch_sizes={sizes} model={name} "
+        f"batchnorm exactness ok: ranks={comm.size} batch_sizes={sizes} model={name}"
+        f"{' (stock DDP, weighted hook)' if ddp else ''} "
         f"max|diff|={exact_diff:.2e} per-rank BatchNorm max|diff|={per_rank_diff:.2e}"
     )
 
@@ -150,5 +175,6 @@ def run_case(comm: Communicator, case: str) -> str:
         return _everywhere(comm, "mismatch", mismatch(comm))
     if case == "skip":
         return _everywhere(comm, "skip", skip(comm))
+    case, _, how = case.partition("@")
     sizes, _, name = case.partition(":")
-    return check(comm, [int(s) for s in sizes.split(",")], name or "convnet")
+    return check(comm, [int(s) for s in sizes.split(",")], name or "convnet", how == "ddp")

@@ -169,12 +169,9 @@ def _group_samples(loader, step: int, every: int) -> int:
     return group[-1][1] - group[0][0]
 
 
-def _ddp_models(comm: Communicator, models: list[nn.Module], loader) -> tuple[nn.Module, ...]:
-    """Stock DDP with lbtrain's hook, and stock DDP with its own 1/P average."""
+def process_group(comm: Communicator) -> None:
+    """torch.distributed's default group: the job's under torchrun, else one made here."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    from lbtrain import WeightedHookState, weighted_allreduce_hook
 
     if not dist.is_initialized():
         # Under mpiexec: a gloo group beside MPI, met through a file every rank can see.
@@ -183,6 +180,15 @@ def _ddp_models(comm: Communicator, models: list[nn.Module], loader) -> tuple[nn
         dist.init_process_group(
             "gloo", init_method=f"file://{path}", rank=comm.rank, world_size=comm.size
         )
+
+
+def _ddp_models(comm: Communicator, models: list[nn.Module], loader) -> tuple[nn.Module, ...]:
+    """Stock DDP with lbtrain's hook, and stock DDP with its own 1/P average."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from lbtrain import WeightedHookState, weighted_allreduce_hook
+
+    process_group(comm)
     exact = DistributedDataParallel(models[0], bucket_cap_mb=0.001)
     exact.register_comm_hook(WeightedHookState(loader), weighted_allreduce_hook)
     return exact, DistributedDataParallel(models[1])
