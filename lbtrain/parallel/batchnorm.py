@@ -158,12 +158,16 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         factor: float,
     ) -> torch.Tensor:
         channels = input.shape[1]
-        dims = [0, *range(2, input.dim())]
         local = input.numel() // channels if channels else 0
         figures = torch.zeros(_TAG + 1 + 2 * channels, dtype=torch.float64, device=input.device)
         if local:
-            var, mean = torch.var_mean(input, dim=dims, correction=0)
-            mean, var = mean.double(), var.double()
+            # BatchNorm's own training kernel for this rank's mean and 1/std (eps 0, so the
+            # variance is 1/invstd^2; it gives 1/std 0 for a variance of 0): stable
+            # (accumulated in double on the CPU), and 2-8x faster than torch.var_mean over
+            # (N, C, H, W) (bench_syncbn.py).
+            _, mean, invstd = torch.native_batch_norm(input, None, None, None, None, True, 0.0, 0.0)
+            invstd = invstd.double()
+            mean, var = mean.double(), torch.where(invstd > 0, invstd.pow(-2), 0.0)
             figures[_TAG] = local
             figures[_TAG + 1 : _TAG + 1 + channels] = mean * local
             figures[_TAG + 1 + channels :] = (var + mean * mean) * local

@@ -103,7 +103,9 @@ def test_eval_mode_uses_the_running_statistics_with_no_collective():
 
 def test_float32_statistics_of_an_off_centre_channel_are_combined_in_float64():
     """A channel of mean 1e4 and spread 1: in float32 the sum of squares minus N mean^2
-    would lose the variance; the ranks' figures are combined in float64."""
+    gives +8 or -8 for a variance of about 1 (an ulp of 6e9, over 60); the ranks' figures
+    are combined in float64. What remains is the float32 rounding of each rank's
+    mean (an ulp of 1e4 is 1e-3), which moves the between-ranks term by about 1e-4."""
     torch.manual_seed(0)
     inputs = torch.randn(60, 2) + 1e4
 
@@ -114,7 +116,7 @@ def test_float32_statistics_of_an_off_centre_channel_are_combined_in_float64():
 
     expected = inputs.double().var(dim=0)
     for variance in _values(run_ranks(3, work, timeout=30)):
-        assert torch.allclose(variance.double(), expected, rtol=1e-4)
+        assert torch.allclose(variance.double(), expected, rtol=1e-3)
 
 
 def test_a_batchnorm_of_its_own_is_refused_by_name_on_every_rank():
