@@ -17,6 +17,8 @@ from tests.mpi.scripts.bn_exactness import run_case as bn_case
 from tests.mpi.scripts.wrapper_exactness import _plan, check, mismatch
 from tests.unit.test_profiling import _profile
 
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
 
 def _values(results):
     for result in results:
@@ -47,6 +49,25 @@ def test_the_loops_ddp_users_have_match_one_process(sizes, mode):
 def test_a_model_with_batchnorm_matches_one_process_and_per_rank_statistics_do_not(case):
     lines = _values(run_ranks(3, lambda comm: bn_case(comm, case), timeout=60))
     assert lines[0].startswith("batchnorm exactness ok"), lines
+
+
+@needs_cuda
+@pytest.mark.parametrize(
+    "case", ["wrapper:20,0,44:overlap", "bn:5,11,48", "bn:20,0,44:resnet", "bn:1,20,43"]
+)
+def test_a_gpu_rank_beside_cpu_ranks_matches_one_process(case):
+    """Rank 1 on the GPU, ranks 0 and 2 on the CPU: gradient buckets and BatchNorm's
+    collectives meet across devices (in-process ranks; mpiexec and torchrun in
+    scripts/gpu_acceptance.sh)."""
+    kind, _, rest = case.partition(":")
+    devices = ["cpu", "cuda:0", "cpu"]
+    if kind == "bn":
+        work = lambda comm: bn_case(comm, f"{rest}@{','.join(devices)}")  # noqa: E731
+    else:
+        sizes, _, mode = rest.partition(":")
+        work = lambda comm: check(comm, [int(s) for s in sizes.split(",")], mode, devices)  # noqa: E731
+    lines = _values(run_ranks(3, work, timeout=120))
+    assert "exactness ok" in lines[0] and "cuda:0" in lines[0], lines
 
 
 @pytest.mark.parametrize(

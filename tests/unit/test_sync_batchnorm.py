@@ -25,31 +25,35 @@ def _values(results):
     return [result.value for result in results]
 
 
-def _split_run(model: nn.Module, inputs: torch.Tensor, sizes: list[int]):
-    """Forward and backward of `inputs` cut into `sizes` on in-process ranks, against one
-    process: (max output difference, max input-gradient difference, per-rank buffers)."""
+def _split_run(model: nn.Module, inputs: torch.Tensor, sizes: list[int], devices=None):
+    """Forward and backward of `inputs` cut into `sizes` on in-process ranks (on `devices`, the
+    CPU by default), against one process on the CPU: (max output difference, max
+    input-gradient difference, max parameter-gradient difference); buffers are checked here."""
     reference = copy.deepcopy(model)
     x = inputs.clone().requires_grad_()
     out = reference(x)
-    (out * torch.linspace(-1, 1, out.numel()).view_as(out).double()).sum().backward()
+    weights = torch.linspace(-1, 1, out.numel()).view_as(out).double()
+    (out * weights).sum().backward()
 
     def work(comm):
-        mine = convert_sync_batchnorm(copy.deepcopy(model), comm)
+        device = torch.device(devices[comm.rank] if devices else "cpu")
+        mine = convert_sync_batchnorm(copy.deepcopy(model), comm).to(device)
         start = sum(sizes[: comm.rank])
-        part = inputs[start : start + sizes[comm.rank]].clone().requires_grad_()
+        part = inputs[start : start + sizes[comm.rank]].to(device).requires_grad_()
         y = mine(part)
-        weights = torch.linspace(-1, 1, out.numel()).view_as(out).double()
-        (y * weights[start : start + len(part)]).sum().backward()
-        grads = torch.cat([p.grad.reshape(-1) for p in mine.parameters()])
+        (y * weights[start : start + len(part)].to(device)).sum().backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in mine.parameters()]).cpu()
         comm.allreduce_sum_(grads)
         return (
-            (y - out[start : start + len(part)]).abs().max().item() if len(part) else 0.0,
-            (part.grad - x.grad[start : start + len(part)]).abs().max().item() if len(part) else 0,
+            (y.cpu() - out[start : start + len(part)]).abs().max().item() if len(part) else 0.0,
+            (part.grad.cpu() - x.grad[start : start + len(part)]).abs().max().item()
+            if len(part)
+            else 0.0,
             (grads - torch.cat([p.grad.reshape(-1) for p in reference.parameters()])).abs().max(),
-            [b.clone() for b in mine.buffers()],
+            [b.cpu().clone() for b in mine.buffers()],
         )
 
-    results = _values(run_ranks(len(sizes), work, timeout=30))
+    results = _values(run_ranks(len(sizes), work, timeout=60))
     buffers = [r[3] for r in results]
     for rank_buffers in buffers:
         for mine, theirs in zip(rank_buffers, reference.buffers(), strict=True):
@@ -72,6 +76,18 @@ def test_every_kind_of_batchnorm_layer_is_one_process_over_the_split_batch(layer
     inputs = torch.randn(24, 3, dtype=torch.float64) * 3 + 2
     for _ in range(2):  # the second forward starts from the first's running statistics
         outputs, grads, params = _split_run(model, inputs, [1, 0, 23])
+        assert max(outputs, grads, params) < 1e-12
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ranks_on_a_gpu_and_on_cpus_are_one_process_over_the_split_batch():
+    """The collectives' float64 buffers live on each rank's device; CUDA ones are staged."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(12, 4), nn.BatchNorm1d(4)).double()  # fmt: skip
+    inputs = torch.randn(30, 2, 4, 4, dtype=torch.float64) * 3 + 2
+    for _ in range(2):
+        outputs, grads, params = _split_run(model, inputs, [0, 9, 21], ["cuda:0", "cpu", "cuda:0"])
         assert max(outputs, grads, params) < 1e-12
 
 

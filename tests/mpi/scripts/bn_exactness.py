@@ -2,14 +2,17 @@
 
 Run through exactness.py as `wrapper/bn/CASE` (or wrapper_exactness.py as `bn/CASE`), e.g.
      mpiexec -n 3 python -m mpi4py tests/mpi/scripts/exactness.py wrapper/bn/5,11,48
-CASE is SHARES[:MODEL][@ddp], e.g. 5,11,48:convnet or 20,0,44:resnet@ddp; MODEL is "convnet" (a
-small net with BatchNorm3d, BatchNorm2d and BatchNorm1d, the default) or "resnet"
-(examples/resnet_cifar.py's ResNetCifar, one block per stage, on 8x8 images). The ranks'
-BatchNorm layers are synchronised (the wrapper's default); a second model with
-`sync_batchnorm=False` trains alongside and must visibly miss, which shows the comparison
-can fail. The running statistics must be the same on every rank and one process's. `@ddp`:
-the synchronised model is stock DDP over `convert_sync_batchnorm`, with the weighted hook
-and the weight in the loss (`WeightedHookState(loader, prescaled=True)`).
+CASE is SHARES[:MODEL][@ddp|@DEVICES], e.g. 5,11,48:convnet, 20,0,44:resnet@ddp or
+5,11,48@cuda:0,cpu,cpu; MODEL is "convnet" (a small net with BatchNorm3d, BatchNorm2d and
+BatchNorm1d, the default) or "resnet" (examples/resnet_cifar.py's ResNetCifar, one block per
+stage, on 8x8 images). The ranks' BatchNorm layers are synchronised (the wrapper's
+default); a second model with `sync_batchnorm=False` trains alongside and must visibly miss,
+which shows the comparison can fail. The running statistics must be the same on every rank
+and one process's. `@ddp`: the synchronised model is stock DDP over `convert_sync_batchnorm`,
+with the weighted hook and the weight in the loss (`WeightedHookState(loader,
+prescaled=True)`). `@DEVICES` places each rank's trained models (the reference stays on the
+CPU): BatchNorm's collectives then carry CUDA buffers, staged through the host on MPI and
+gloo.
 `mismatch`: rank 1 builds the model without its BatchNorm1d; every rank must refuse, naming
 the layer. `skip`: the last rank skips one forward; every rank must stop with a line.
 """
@@ -79,17 +82,26 @@ def _ddp(comm: Communicator, model: nn.Module, loader) -> nn.Module:
     return ddp
 
 
-def check(comm: Communicator, sizes: list[int], name: str = "convnet", ddp: bool = False) -> str:
+def check(
+    comm: Communicator,
+    sizes: list[int],
+    name: str = "convnet",
+    ddp: bool = False,
+    devices: list[str] | None = None,
+) -> str:
     """Train synchronised, per-rank and reference models; assert; a line saying so.
 
     `ddp`: the synchronised model is stock DDP with `weighted_allreduce_hook` (needs real
-    processes: torchrun, or mpiexec with a gloo group beside MPI).
+    processes: torchrun, or mpiexec with a gloo group beside MPI). `devices`: each rank's.
     """
+    device = torch.device(devices[comm.rank] if devices else "cpu")
     count = 2 * sum(sizes) + 9  # two full global batches and a short tail
     inputs, targets = make_data(name, count)
     plan = _plan(sizes)
     loader = balanced_loader(plan, TensorDataset(inputs, targets), rank=comm.rank, seed=3)
     models = [make_model(name) for _ in range(3)]
+    models[0].to(device)
+    models[1].to(device)
     if ddp:
         exact = _ddp(comm, models[0], loader)
     else:
@@ -101,6 +113,7 @@ def check(comm: Communicator, sizes: list[int], name: str = "convnet", ddp: bool
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
         for x, y in loader:
+            x, y = x.to(device), y.to(device)
             for model, optimizer in zip((exact, per_rank), optimizers, strict=False):
                 optimizer.zero_grad()
                 if ddp and model is exact:
@@ -118,17 +131,24 @@ def check(comm: Communicator, sizes: list[int], name: str = "convnet", ddp: bool
             optimizers[2].step()
 
     def state(model: nn.Module) -> torch.Tensor:
-        return torch.cat([t.detach().double().reshape(-1) for t in model.state_dict().values()])
+        values = model.state_dict().values()
+        return torch.cat([t.detach().cpu().double().reshape(-1) for t in values])
 
     exact_diff = (state(models[0]) - state(reference)).abs().max().item()
     per_rank_diff = (state(models[1]) - state(reference)).abs().max().item()
-    sums = comm.allgather(state(models[0]).tolist())
+    states = comm.allgather(state(models[0]).tolist())
     assert exact_diff < 1e-10, f"rank {comm.rank}: synchronised BatchNorm differs by {exact_diff}"
     assert per_rank_diff > 1e-4, f"rank {comm.rank}: per-rank BatchNorm matched ({per_rank_diff})"
-    assert all(s == sums[0] for s in sums), "the ranks' parameters or statistics differ"
+    # Bit for bit on one kind of device; a CPU's and a GPU's kernels may round apart.
+    spread = (torch.tensor(states) - torch.tensor(states[0])).abs().max().item()
+    mixed = len({d.split(":")[0] for d in devices or ["cpu"]}) > 1
+    assert spread <= (1e-12 if mixed else 0.0), (
+        f"the ranks' parameters or statistics differ by {spread}"
+    )
     return (
         f"batchnorm exactness ok: ranks={comm.size} batch_sizes={sizes} model={name}"
         f"{' (stock DDP, weighted hook)' if ddp else ''} "
+        f"devices={','.join(devices) if devices else 'cpu'} "
         f"max|diff|={exact_diff:.2e} per-rank BatchNorm max|diff|={per_rank_diff:.2e}"
     )
 
@@ -177,4 +197,5 @@ def run_case(comm: Communicator, case: str) -> str:
         return _everywhere(comm, "skip", skip(comm))
     case, _, how = case.partition("@")
     sizes, _, name = case.partition(":")
-    return check(comm, [int(s) for s in sizes.split(",")], name or "convnet", how == "ddp")
+    devices = how.split(",") if how and how != "ddp" else None
+    return check(comm, [int(s) for s in sizes.split(",")], name or "convnet", how == "ddp", devices)
