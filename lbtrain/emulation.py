@@ -140,9 +140,10 @@ class Slowdown:
         descheduled for 3 ms would sleep 9 ms more, and profiles would be mostly noise.
 
         It yields a `Segments` whose `split()`, called before a collective inside the step
-        (synchronised BatchNorm), sleeps for the compute since the last split: a slow device
-        is slow before each collective too, and the time spent waiting in one is not
-        stretched.
+        (synchronised BatchNorm), sleeps for the compute since the last `resume()` (or the
+        start), and whose `resume()`, called once the collective returns, starts timing
+        again: a slow device is slow before each collective too, and the time spent waiting
+        in one is not stretched.
 
         Args:
             timer: wall clock in seconds.
@@ -154,7 +155,7 @@ class Slowdown:
         """
         segments = Segments(self, timer, synchronize, cpu_timer)
         yield segments
-        segments.split(restart=False)
+        segments.split()
 
 
 class Segments:
@@ -169,25 +170,36 @@ class Segments:
     ) -> None:
         self._slowdown, self._timer = slowdown, timer
         self._synchronize, self._cpu_timer = synchronize, cpu_timer
-        self._start()
+        self._timing = False
+        self.resume()
 
-    def _start(self) -> None:
+    def resume(self) -> None:
+        """Start timing a piece of compute (at the start, and after each collective)."""
+        if self._timing:
+            return
         if self._synchronize is not None:
             self._synchronize()
         self._wall = self._timer()
         self._cpu = self._cpu_timer() if self._cpu_timer is not None else 0.0
+        self._timing = True
 
-    def split(self, restart: bool = True) -> None:
-        """Sleep for the compute since the last split (or the start); start a new piece."""
+    def split(self) -> None:
+        """Sleep for the compute since `resume()`; time nothing until the next one.
+
+        The wait in the collective that follows is not compute: timed, a rank that waits
+        for a slower one would stretch that wait by its own factor (MPI's waiting ranks
+        spin, so their CPU time counts it too), and the slower one would then wait for it.
+        """
+        if not self._timing:
+            return
         if self._synchronize is not None:
             self._synchronize()
         wall = self._timer() - self._wall
         if self._cpu_timer is not None:
             # Multi-threaded steps use more CPU than wall time; then the wall time stands.
             wall = min(wall, self._cpu_timer() - self._cpu)
+        self._timing = False
         self._slowdown.after_step(wall)
-        if restart:
-            self._start()
 
 
 def parse_slowdowns(text: str | Sequence[float] | None, world_size: int) -> tuple[float, ...]:

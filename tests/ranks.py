@@ -45,13 +45,21 @@ def lbtrain_ranks(ranks: int, *argv: str, timeout: float = 120) -> Outcome:
     """`mpiexec -n ranks lbtrain argv...`, with ranks as threads of this process.
 
     A collective that waits more than `timeout` seconds fails the run, so a hang is a failed
-    test, not a frozen suite.
+    test, not a frozen suite. The ranks see no GPU (as under CUDA_VISIBLE_DEVICES=''): they
+    are threads of one process, where `--devices auto` on a machine with a GPU would put
+    rank 0 on it, and the tests read CPU ranks' figures.
     """
     stdout, stderr = io.StringIO(), io.StringIO()
     # Each thread is the rank its launcher variable (PMI_RANK) would name in a real job, so
     # a command-line mistake is printed once, by rank 0, as under mpiexec.
     as_launched = mock.patch("lbtrain.cli.main.launcher_rank", lambda: current_rank() or 0)
-    with as_launched, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    no_gpu = mock.patch("torch.cuda.is_available", lambda: False)
+    with (
+        as_launched,
+        no_gpu,
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
         results = run_ranks(ranks, lambda comm: main(list(argv), comm=comm), timeout=timeout)
     codes, aborted = [], False
     for result in results:

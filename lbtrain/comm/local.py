@@ -99,7 +99,9 @@ class LocalWorld:
                 raise RankAborted(self.aborted.code, self.aborted.rank) from None
             raise RuntimeError(
                 f"a collective of the in-process world waited more than {self.timeout:g} s "
-                "for the other ranks (a rank stopped calling collectives, or called others)"
+                "for the other ranks (a rank stopped calling collectives, or called others, or "
+                "two ranks on one CUDA device met inside backward: autograd runs both on one "
+                "thread)"
             ) from None
 
     def exchange(self, rank: int, value: Any, read: Callable[[list[Any]], Any]) -> Any:

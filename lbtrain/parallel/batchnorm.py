@@ -91,6 +91,8 @@ class SyncBatchNorm(_BatchNorm):
         # Called before each collective; the wrapper starts the gradient buckets that are
         # complete, so that every rank starts its collectives in one order.
         self.before_collective: Callable[[], None] | None = None
+        # Called once each collective returns (an emulated slowdown times compute again).
+        self.after_collective: Callable[[], None] | None = None
         # The step every rank must be on (the wrapper's loader batch); None: the call count.
         self.stamp: int | None = None
         self._forwards = 0
@@ -131,6 +133,8 @@ class SyncBatchNorm(_BatchNorm):
             self.before_collective()
         assert self.comm is not None
         self.comm.allreduce_sum_(buffer)
+        if self.after_collective is not None:
+            self.after_collective()
         size = self.comm.size
         head = buffer[:_TAG].tolist()
         # Every rank holds the same sums: if they all carry this rank's tags, the sums are
@@ -207,9 +211,12 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         figures = torch.zeros(_TAG + 2 * channels, dtype=torch.float64, device=input.device)
         if input.numel():
             # Eval-mode backward: grad * weight * invstd, and this rank's sum of grad * x_hat
-            # (weight's gradient) and of grad (bias's gradient), in one pass.
+            # (weight's gradient) and of grad (bias's gradient), in one pass. The CPU kernel
+            # reads the running figures (mean, var) in eval mode; the CUDA one may read the
+            # saved ones instead, and asserts that they are given.
+            invstd = torch.rsqrt(var + layer.eps)
             grad_input, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-                grad, input, weight, mean, var, None, None, False, layer.eps, [True, True, True]
+                grad, input, weight, mean, var, mean, invstd, False, layer.eps, [True, True, True]
             )
             figures[_TAG : _TAG + channels] = sum_dy.double()
             figures[_TAG + channels :] = sum_dy_xhat.double()

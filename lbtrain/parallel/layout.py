@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from lbtrain.comm import Communicator
+from lbtrain.parallel.batchnorm import SyncBatchNorm
 from lbtrain.session import CollectiveError
 
-__all__ = ["ModelMismatch", "broadcast_tensors", "check_same_model", "model_layout"]
+__all__ = ["ModelMismatch", "broadcast_tensors", "check_same_model", "copy_buffers", "model_layout"]
 
 Entry = tuple[str, str, tuple[int, ...], str, bool]
 
@@ -101,3 +102,15 @@ def broadcast_tensors(tensors: Iterable[torch.Tensor], comm: Communicator, root:
             for tensor in group:
                 tensor.copy_(flat[offset : offset + tensor.numel()].view_as(tensor))
                 offset += tensor.numel()
+
+
+def copy_buffers(model: nn.Module, comm: Communicator, batch_sizes: Sequence[int]) -> None:
+    """Copy the buffers a step leaves different across ranks from the rank of the largest
+    batch (collective): all but synchronised BatchNorm's, which agree by construction."""
+    buffers: list[torch.Tensor] = []
+    for m in model.modules():
+        if not (isinstance(m, SyncBatchNorm) and m.comm is not None):
+            buffers.extend(m.buffers(recurse=False))
+    if buffers:
+        root = max(range(len(batch_sizes)), key=lambda r: (batch_sizes[r], -r))
+        broadcast_tensors(buffers, comm, root=root)

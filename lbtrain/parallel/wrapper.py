@@ -9,7 +9,7 @@ that when `backward()` returns every rank holds the mean gradient over the globa
 
 from __future__ import annotations
 
-import math
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -24,7 +24,6 @@ from lbtrain.data.sampler import disagreement, fingerprint
 from lbtrain.evaluation import Evaluator, evaluate
 from lbtrain.gradients import GradientSync
 from lbtrain.parallel.batchnorm import (
-    SyncBatchNorm,
     convert_sync_batchnorm,
     sync_batchnorm_layers,
 )
@@ -34,9 +33,11 @@ from lbtrain.parallel.checks import (
     no_new_batch,
     raise_if,
     second_backward,
+    shared_autograd_thread,
 )
-from lbtrain.parallel.layout import broadcast_tensors, check_same_model
+from lbtrain.parallel.layout import broadcast_tensors, check_same_model, copy_buffers
 from lbtrain.parallel.marking import mark
+from lbtrain.parallel.weights import StepWeights
 from lbtrain.session import agree
 
 __all__ = ["BalancedDataParallel"]
@@ -138,31 +139,40 @@ class BalancedDataParallel(nn.Module):
         self.sync_in_backward = bool(sync_in_backward)
         self.weighting = weighting
         self.loss_reduction = loss_reduction
+        layers = [layer for _, layer in sync_batchnorm_layers(module)]
+        if layers and not getattr(comm, "thread_safe", True):
+            # An engine that takes collectives from each rank's own thread only (in-process
+            # ranks): a CUDA rank's gradient hooks run on autograd's device thread, so its
+            # buckets start after backward, where a CPU rank's start during it. With
+            # BatchNorm's collectives inside backward the ranks would meet them in different
+            # orders: buckets after backward on every rank keep one order.
+            overlap = False
+            device = next(module.parameters(), torch.empty(0)).device
+            places = comm.allgather((os.getpid(), str(device)))
+            agree(comm, lambda: raise_if(shared_autograd_thread(places)), name_rank=False)
         self.gradients = GradientSync(module, comm, overlap=overlap, bucket_mb=bucket_mb)
         # Buckets of other sizes would sum unrelated slices (NaN, or a rank left waiting).
         layouts = comm.allgather([b.flat.numel() for b in self.gradients.buckets])
         agree(comm, lambda: raise_if(bucket_disagreement(layouts)), name_rank=False)
-        layers = [layer for _, layer in sync_batchnorm_layers(module)]
         self._layers = layers
         for layer in layers:
             layer.before_collective = self._before_collective
-        # Called before each collective inside the model (an emulated slowdown's split).
+            layer.after_collective = self._after_collective
+        # Called before each collective inside the model and once it returns (an emulated
+        # slowdown sleeps before it, and times compute again after it).
         self.before_collective: Callable[[], None] | None = None
+        self.after_collective: Callable[[], None] | None = None
         # With collectives inside the model, a rank with no samples runs its empty batch
         # through forward and backward like the others, so that it joins each of them.
         self._graph_on_empty = bool(layers)
         self._require_sync = True
         self._counted = loader.batches  # the loader batch last added to the window
-        self._window = [0, 0]  # samples (or counted units) of this rank and the world since sync
+        self.weights = StepWeights(comm, loader, weighting, loss_reduction)
         self._open: int | None = None  # the loader batch whose sync is armed and not done
         self._launched = False  # the current backward's end is queued
         self._in_backward = False
         self._armed_step: int | None = None  # the loader step of the last sync armed
-        self._armed_with: tuple[float, bool] = (1.0, True)  # the last sync's weight, prescaled
         self._synced: int | None = None  # the batch whose synced sum the gradients hold
-        self._units: dict[int, tuple[float, float]] = {}  # set_loss_count, by loader batch
-        self._seen: set[int] = set()  # batches whose units are in the window
-        self._given: dict[int, float] = {}  # a count loss's factor, by loader batch
         self._batches = 0  # loader batches since the last sync
 
     @property
@@ -176,6 +186,10 @@ class BalancedDataParallel(nn.Module):
         self.gradients.flush_ready()
         if self.before_collective is not None:
             self.before_collective()
+
+    def _after_collective(self) -> None:
+        if self.after_collective is not None:
+            self.after_collective()
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -213,7 +227,7 @@ class BalancedDataParallel(nn.Module):
                 outputs = self.module(*inputs, **kwargs)
         else:
             outputs = self.module(*inputs, **kwargs)
-        factor = 0.0 if own == 0 else self._factor()
+        factor = 0.0 if own == 0 else self.weights.factor(self._single())
         if self._require_sync:
             self._arm()
         return mark(outputs, factor, self, self._counted, leaf=leaf)
@@ -226,23 +240,7 @@ class BalancedDataParallel(nn.Module):
         rank's units. Every rank calls it once per batch, a rank with no samples with 0.
         Returns the count over all ranks.
         """
-        if self.loss_reduction != "count":
-            raise RuntimeError(
-                f"set_loss_count() is for loss_reduction='count' (this model: "
-                f"{self.loss_reduction!r}); pass loss_reduction='count' to BalancedDataParallel"
-            )
-        count = float(count)
-        if not (math.isfinite(count) and count >= 0):
-            raise ValueError(f"count={count!r} must be a finite number >= 0 (this rank's units)")
-        buffer = torch.tensor([count], dtype=torch.float64)
-        self.comm.allreduce_sum_(buffer)
-        total = float(buffer.item())
-        if not total > 0:
-            raise ValueError(
-                "set_loss_count: the ranks' counts sum to 0: a loss over no units has no gradient"
-            )
-        self._units[self.loader.batches] = (count, total)
-        return total
+        return self.weights.set_count(count)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients, one pass per bucket; they stay views of the buckets.
@@ -273,12 +271,11 @@ class BalancedDataParallel(nn.Module):
             return
         self.gradients.wait()
         if self.broadcast_buffers:
-            buffers = _unsynced_buffers(self.module)
-            if buffers:
-                broadcast_tensors(buffers, self.comm, root=_largest_share(self.loader))
+            copy_buffers(self.module, self.comm, self.loader.plan.batch_sizes)
         self._synced = self._open
         self._open, self._launched, self._in_backward = None, False, False
-        self._window, self._batches, self._seen = [0, 0], 0, set()
+        self._batches = 0
+        self.weights.synced()
 
     def evaluate(
         self,
@@ -333,13 +330,7 @@ class BalancedDataParallel(nn.Module):
                 self.gradients.adopt_grads()
         self._counted = loader.batches
         self._batches += 1
-        for kept in (self._units, self._given):
-            for key in [k for k in kept if k < loader.batches]:
-                del kept[key]
-        if self.loss_reduction != "count":
-            self._window[0] += loader.samples
-            self._window[1] += loader.global_samples
-        # (a count loss's units join the window at its backward, from set_loss_count)
+        self.weights.add_batch()
 
     def _check_epoch(self) -> None:
         """Every rank in one epoch, under one plan (collective; from `_arm`, see there).
@@ -367,28 +358,6 @@ class BalancedDataParallel(nn.Module):
         """Whether the window since the last sync is this one batch, synced now."""
         return self._require_sync and self._batches == 1
 
-    def _factor(self) -> float | None:
-        """What this batch's gradient is multiplied by on its way back from the outputs.
-
-        None: decided when backward starts (a count given after the forward).
-        """
-        if self.weighting == "uniform":
-            return 1.0 / self.comm.size
-        if self.loss_reduction == "sum":
-            return 1.0
-        if self.loss_reduction == "count":
-            return None
-        if self._single():
-            return self.loader.weight  # one batch per sync: b_i / B, nothing left to scale
-        return float(self.loader.samples)  # accumulating: sums now, / total samples at the sync
-
-    def _weight(self) -> tuple[float, bool]:
-        """The armed sync's bucket weight, and whether the gradients already carry it."""
-        own, total = self._window
-        if self.weighting == "uniform" or self.loss_reduction == "sum" or self._single():
-            return (self._factor() or 0.0) if own else 0.0, True
-        return (1.0 / total if own else 0.0), False
-
     def _arm(self) -> None:
         # The first sync of each pass over the loader (and the first of all) checks the
         # epoch and plan. Here, not at a step-0 forward: every rank arms every sync, just
@@ -398,9 +367,8 @@ class BalancedDataParallel(nn.Module):
         if self._armed_step is None or step <= self._armed_step:
             self._check_epoch()
         self._armed_step = step
-        # A count comes later, at backward (`_backward_started` re-weighs).
-        self._armed_with = self._weight() if self.loss_reduction != "count" else (0.0, True)
-        self.gradients.arm(self._armed_with[0], prescaled=self._armed_with[1])
+        weight, prescaled = self.weights.arm(self._single())
+        self.gradients.arm(weight, prescaled=prescaled)
         self._open, self._launched = self._counted, False
 
     def _arm_if_skipped(self) -> None:
@@ -421,67 +389,29 @@ class BalancedDataParallel(nn.Module):
             # A second backward through the forward whose sum is done: sync what it adds,
             # weighted as the first.
             self.gradients.stash()
-            self.gradients.arm(self._armed_with[0], prescaled=self._armed_with[1])
+            weight, prescaled = self.weights.armed
+            self.gradients.arm(weight, prescaled=prescaled)
             self._open, self._launched, self._synced, self._batches = token, False, None, 1
-            self._seen.add(token)
+            self.weights.seen(token)
         elif self._open is not None and self._launched and not self._in_backward:
             raise RuntimeError(
                 second_backward(self.comm.rank, "while its gradients are being summed")
             )
         if factor is None:
-            factor = self._late_factor(token)
+            # A count loss: its units are known now; this re-weighs the armed sync.
+            synced_now = self._open == token and self._single()
+            factor = self.weights.late_factor(token, synced_now, self._open is not None)
         if self._open is not None and not self._launched:
             if self.loss_reduction == "count" and self._open == token:
-                self.gradients.reweigh(self._armed_with[0], prescaled=self._armed_with[1])
+                weight, prescaled = self.weights.armed
+                self.gradients.reweigh(weight, prescaled=prescaled)
             self._launched = self._in_backward = True
             # Queued once per backward; runs on the engine after every gradient is in.
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
         return factor
-
-    def _late_factor(self, token: int) -> float:
-        """A 'count' loss's factor, now that its units are known; re-weighs the armed sync."""
-        units = self._units.get(token)
-        if units is None:
-            raise RuntimeError(
-                f"rank {self.comm.rank}: backward without this batch's count: call "
-                "model.set_loss_count(n) on every rank after drawing the batch and before "
-                "backward (loss_reduction='count')"
-            )
-        if token in self._given:  # a second backward through this forward
-            return self._given[token]
-        if self.weighting == "uniform":
-            return 1.0 / self.comm.size
-        own, total = units
-        if token not in self._seen:
-            self._seen.add(token)
-            self._window[0] += own
-            self._window[1] += total
-        if self._open == token and self._single():
-            self._armed_with = (own / total, True)
-            self._given[token] = own / total
-        else:
-            if self._open is not None:
-                # Accumulating: each micro-batch adds its units' sum; the sync divides by all.
-                self._armed_with = (1.0 / self._window[1] if self._window[0] else 0.0, False)
-            self._given[token] = own
-        return self._given[token]
 
     def _backward_done(self) -> None:
         self._in_backward = False
         self.gradients.launch()
         if self.sync_in_backward:
             self.finish()
-
-
-def _unsynced_buffers(module: nn.Module) -> list[torch.Tensor]:
-    """The buffers a step leaves different across ranks: all but synchronised BatchNorm's."""
-    buffers: list[torch.Tensor] = []
-    for m in module.modules():
-        if not (isinstance(m, SyncBatchNorm) and m.comm is not None):
-            buffers.extend(m.buffers(recurse=False))
-    return buffers
-
-
-def _largest_share(loader: BalancedLoader) -> int:
-    sizes = loader.plan.batch_sizes
-    return max(range(len(sizes)), key=lambda r: (sizes[r], -r))

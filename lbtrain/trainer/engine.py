@@ -327,14 +327,16 @@ class Engine:
         assert parallel is not None
         with slowdown.step(synchronize=sync, cpu_timer=self._cpu_timer) as segments:
             # An emulated slow rank is slow between the model's collectives too.
-            parallel.before_collective = segments.split if slowdown.active else None
+            if slowdown.active:
+                parallel.before_collective = segments.split
+                parallel.after_collective = segments.resume
             try:
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
                 outputs = parallel(inputs)
                 loss = self.loss_fn(outputs, targets)
                 loss.backward()
             finally:
-                parallel.before_collective = None
+                parallel.before_collective = parallel.after_collective = None
         return outputs, loss, targets
 
     def _count(

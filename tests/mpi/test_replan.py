@@ -23,8 +23,8 @@ from tests.ranks import lbtrain_ranks
 
 COMMON = (
     "--dataset synthetic --model hamida --patch-size 5 --train-ratio 0.5 --dropout 0 "
-    "--epochs 7 --global-batch 64 --threads 1 --no-map --curves off"
-).split()
+    "--epochs 7 --global-batch 64 --threads 1 --no-map --curves off --devices cpu"
+).split()  # --devices cpu: emulated CPU ranks, also where the machine has a GPU
 EMULATED = "--time-budget 2 --emulate-slowdown 1,4 --emulate-change 3:4,1".split()
 
 

@@ -105,6 +105,22 @@ def test_step_measures_compute_as_cpu_time_when_descheduled():
     assert len(synced) == 2  # before and after: queued GPU work is part of the step
 
 
+def test_a_collective_inside_the_step_is_waited_for_not_stretched():
+    """Synchronised BatchNorm meets the other ranks inside the step: the slow rank sleeps its
+    stretch before each meeting, and the wait in it (spinning, on the CPU) is not compute.
+    Stretched, a 2x rank waiting 50 ms for a 4x one would sleep 50 ms more, and the 4x rank
+    would then wait for it at the next meeting."""
+    clocks = Clocks()
+    slow = Slowdown(2.0, sleep=clocks.sleep)
+    with slow.step(timer=lambda: clocks.wall, cpu_timer=lambda: clocks.cpu) as segments:
+        clocks.compute(wall=0.010, cpu=0.010)
+        segments.split()  # before the collective: sleeps 10 ms
+        clocks.compute(wall=0.050, cpu=0.050)  # waiting in it, MPI spinning
+        segments.resume()  # it returned
+        clocks.compute(wall=0.004, cpu=0.004)
+    assert clocks.wall == pytest.approx(0.010 + 0.010 + 0.050 + 0.004 + 0.004)
+
+
 def test_precise_sleep_reaches_the_deadline_on_a_fake_clock():
     now = [0.0]
     calls = []

@@ -5,6 +5,8 @@ tests/mpi/test_exactness.py runs the same checks under mpiexec and torchrun (rea
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch import nn
@@ -12,7 +14,9 @@ from torch.utils.data import TensorDataset
 
 from lbtrain import BalancedDataParallel, balanced_loader, plan_batches, plan_for
 from lbtrain.comm import SingleProcessCommunicator, run_ranks
+from lbtrain.parallel.checks import shared_autograd_thread
 from lbtrain.session import CollectiveError
+from tests.mpi.scripts.bn_exactness import make_data, make_model
 from tests.mpi.scripts.bn_exactness import run_case as bn_case
 from tests.mpi.scripts.wrapper_exactness import _plan, check, mismatch
 from tests.unit.test_profiling import _profile
@@ -68,6 +72,53 @@ def test_a_gpu_rank_beside_cpu_ranks_matches_one_process(case):
         work = lambda comm: check(comm, [int(s) for s in sizes.split(",")], mode, devices)  # noqa: E731
     lines = _values(run_ranks(3, work, timeout=120))
     assert "exactness ok" in lines[0] and "cuda:0" in lines[0], lines
+
+
+def test_two_in_process_ranks_on_one_gpu_are_named_not_left_waiting():
+    places = [(7, "cuda:0"), (7, "cpu"), (7, "cuda:0"), (8, "cuda:0")]
+    said = shared_autograd_thread(places)
+    assert said.startswith("ranks 0 and 2 are threads of one process on cuda:0"), said
+    assert "mpiexec" in said
+    # Processes of their own (other pids), or CPU ranks, have threads of their own.
+    assert shared_autograd_thread([(7, "cuda:0"), (8, "cuda:0"), (7, "cpu"), (7, "cpu")]) is None
+
+
+def _on_a_thread(step) -> None:
+    """Run `step` on a thread of its own, as autograd runs a CUDA rank's backward."""
+    raised = []
+    thread = threading.Thread(target=lambda: _catch(step, raised))
+    thread.start()
+    thread.join()
+    if raised:
+        raise raised[0]
+
+
+def _catch(step, raised: list) -> None:
+    try:
+        step()
+    except Exception as exc:  # noqa: BLE001 - handed back to the rank's own thread
+        raised.append(exc)
+
+
+def test_a_backward_on_another_thread_meets_the_collectives_in_one_order():
+    """A CUDA rank's gradient hooks and BatchNorm backward run on autograd's device thread,
+    where in-process ranks may not start buckets: the other ranks must not start theirs
+    before BatchNorm's collectives either (this once summed a bucket with a BatchNorm buffer
+    on a GPU machine). Rank 1's backward runs on a thread of its own here."""
+    inputs, targets = make_data("convnet", 64)
+
+    def work(comm):
+        loader = balanced_loader(_plan([5, 11, 48]), TensorDataset(inputs, targets),
+                                 rank=comm.rank, seed=3)  # fmt: skip
+        model = BalancedDataParallel(make_model("convnet"), comm, loader, bucket_mb=0.001)
+        assert len(model.gradients.buckets) > 2  # buckets between the BatchNorm layers
+        for x, y in loader:
+            loss = nn.functional.cross_entropy(model(x), y)
+            _on_a_thread(loss.backward) if comm.rank == 1 else loss.backward()
+        return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+    grads = _values(run_ranks(3, work, timeout=60))
+    assert all(torch.equal(g, grads[0]) for g in grads)
 
 
 @pytest.mark.parametrize(

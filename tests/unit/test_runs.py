@@ -43,7 +43,7 @@ class StopAt(Callback):
 
 def _faulty_run(folder: Path, *callbacks: Callback) -> int:
     config = TrainConfig(
-        workload=FAULTY, global_batch=BATCH, threads=1, epochs=4, quiet=True,
+        workload=FAULTY, global_batch=BATCH, threads=1, epochs=4, quiet=True, devices="cpu",
         plan=str(plan_file(folder.parent, [1.0])), out=str(folder),
     )  # fmt: skip
     return train(config, SingleProcessCommunicator(), callbacks=callbacks).exit_code
@@ -59,7 +59,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     argv = [
         "train", "--workload", "hyperspectral", "--dataset", "synthetic", "--model", "hu",
         "--global-batch", "64", "--threads", "1", "--epochs", str(SCENE_EPOCHS),
-        "--eval-every", "2", "--plan", str(plan), "--out", str(scene),
+        "--eval-every", "2", "--plan", str(plan), "--out", str(scene), "--devices", "cpu",
     ]  # fmt: skip
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as patch:

@@ -1,0 +1,139 @@
+"""What each batch's gradient is multiplied by, and each sync's bucket weight.
+
+`BalancedDataParallel` keeps the step's state machine (which batch is open, armed, synced);
+this keeps the arithmetic of the loss reductions: the samples (or counted units) of this
+rank and of the world since the last sync, the factor on the way back from the outputs,
+and the weight the buckets carry into the sum.
+
+- "mean" over one batch per sync: the factor is b_i / B and the buckets are summed as they
+  are; accumulating, each micro-batch's mean is multiplied back to a sum (b_i), and the sync
+  divides by the window's global samples.
+- "sum": the factor is 1 and the buckets are summed as they are.
+- "count": like "mean", over the units each rank names with `set_loss_count` (known only at
+  backward, so the factor and the weight are decided then).
+- weighting "uniform": DDP's 1/P, for comparisons.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lbtrain.comm import Communicator
+from lbtrain.data import BalancedLoader
+
+__all__ = ["StepWeights"]
+
+
+class StepWeights:
+    """The weighing of the batches since the last sync (see the module docstring)."""
+
+    def __init__(
+        self, comm: Communicator, loader: BalancedLoader, weighting: str, loss_reduction: str
+    ) -> None:
+        self.comm, self.loader = comm, loader
+        self.weighting, self.loss_reduction = weighting, loss_reduction
+        self.window = [0.0, 0.0]  # samples (or counted units) of this rank and the world
+        self.armed: tuple[float, bool] = (1.0, True)  # the last sync's weight, prescaled
+        self._units: dict[int, tuple[float, float]] = {}  # set_loss_count, by loader batch
+        self._seen: set[int] = set()  # batches whose units are in the window
+        self._given: dict[int, float] = {}  # a count loss's factor, by loader batch
+
+    def add_batch(self) -> None:
+        """The loader's current batch joins the window (a count loss's at its backward)."""
+        batch = self.loader.batches
+        for kept in (self._units, self._given):
+            for key in [k for k in kept if k < batch]:
+                del kept[key]
+        if self.loss_reduction != "count":
+            self.window[0] += self.loader.samples
+            self.window[1] += self.loader.global_samples
+
+    def synced(self) -> None:
+        """The sync is done: the next window starts empty."""
+        self.window, self._seen = [0.0, 0.0], set()
+
+    def factor(self, single: bool) -> float | None:
+        """What this batch's gradient is multiplied by on its way back from the outputs.
+
+        `single`: the window is this one batch, synced now. None: decided when backward
+        starts (a count given after the forward).
+        """
+        if self.weighting == "uniform":
+            return 1.0 / self.comm.size
+        if self.loss_reduction == "sum":
+            return 1.0
+        if self.loss_reduction == "count":
+            return None
+        if single:
+            return self.loader.weight  # one batch per sync: b_i / B, nothing left to scale
+        return float(self.loader.samples)  # accumulating: sums now, / total samples at the sync
+
+    def arm(self, single: bool) -> tuple[float, bool]:
+        """The sync's bucket weight, and whether the gradients already carry it."""
+        if self.loss_reduction == "count":
+            self.armed = (0.0, True)  # a count comes later, at backward (`late_factor`)
+            return self.armed
+        own, total = self.window
+        if self.weighting == "uniform" or self.loss_reduction == "sum" or single:
+            self.armed = ((self.factor(single) or 0.0) if own else 0.0, True)
+        else:
+            self.armed = ((1.0 / total if own else 0.0), False)
+        return self.armed
+
+    def seen(self, token: int) -> None:
+        """A second backward through batch `token` syncs again: its units are in already."""
+        self._seen.add(token)
+
+    def set_count(self, count: float) -> float:
+        """This batch's units on this rank (collective); the count over all ranks."""
+        if self.loss_reduction != "count":
+            raise RuntimeError(
+                f"set_loss_count() is for loss_reduction='count' (this model: "
+                f"{self.loss_reduction!r}); pass loss_reduction='count' to BalancedDataParallel"
+            )
+        count = float(count)
+        if not (math.isfinite(count) and count >= 0):
+            raise ValueError(f"count={count!r} must be a finite number >= 0 (this rank's units)")
+        buffer = torch.tensor([count], dtype=torch.float64)
+        self.comm.allreduce_sum_(buffer)
+        total = float(buffer.item())
+        if not total > 0:
+            raise ValueError(
+                "set_loss_count: the ranks' counts sum to 0: a loss over no units has no gradient"
+            )
+        self._units[self.loader.batches] = (count, total)
+        return total
+
+    def late_factor(self, token: int, synced_now: bool, accumulating: bool) -> float:
+        """A 'count' loss's factor for batch `token`, now that its units are known.
+
+        `synced_now`: `token` is the open sync's only batch; `accumulating`: a sync is open
+        and `token` is one of its micro-batches. Re-weighs the armed sync (`armed`).
+        """
+        units = self._units.get(token)
+        if units is None:
+            raise RuntimeError(
+                f"rank {self.comm.rank}: backward without this batch's count: call "
+                "model.set_loss_count(n) on every rank after drawing the batch and before "
+                "backward (loss_reduction='count')"
+            )
+        if token in self._given:  # a second backward through this forward
+            return self._given[token]
+        if self.weighting == "uniform":
+            return 1.0 / self.comm.size
+        own, total = units
+        if token not in self._seen:
+            self._seen.add(token)
+            self.window[0] += own
+            self.window[1] += total
+        if synced_now:
+            self.armed = (own / total, True)
+            self._given[token] = own / total
+        else:
+            if accumulating:
+                # Accumulating: each micro-batch adds its units' sum; the sync divides by all.
+                self.armed = (1.0 / self.window[1] if self.window[0] else 0.0, False)
+            self._given[token] = own
+        return self._given[token]
