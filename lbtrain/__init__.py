@@ -26,6 +26,7 @@ _EXPORTS = {
     "SyncBatchNorm": "lbtrain.parallel",
     "BatchNormMismatch": "lbtrain.parallel",
     "convert_sync_batchnorm": "lbtrain.parallel",
+    "flush_denormals": "lbtrain.denormals",
     "plan_for": "lbtrain.parallel",
     "BalancedLoader": "lbtrain.data",
     "balanced_loader": "lbtrain.data",

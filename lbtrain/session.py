@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 from lbtrain.comm import Communicator
+from lbtrain.denormals import flush_denormals, flushing_threads
 from lbtrain.devices import DeviceAssignment, assign_devices
 from lbtrain.emulation import Slowdown, slowdown_for_rank
+from lbtrain.logs import logger
 from lbtrain.outputs import writing
 from lbtrain.profiling import ProfileConfig, ReplicaProfile, load_profiles, profile_all
 from lbtrain.profiling.record import describe_model
@@ -122,6 +124,10 @@ class Replica:
 
     slowdown: Slowdown
 
+    # Whether torch's CPU threads flush subnormal floats (lbtrain.denormals.flushing_threads):
+    # True on all, False on none, None on some.
+    flushing: bool | None = None
+
     @property
     def device(self) -> torch.device:
         """This rank's torch device."""
@@ -133,6 +139,7 @@ def setup_replica(
     devices: str = "auto",
     threads: int | None = None,
     slowdown: str | Iterable[float] | None = None,
+    flush: bool | None = None,
 ) -> Replica:
     """Pick and apply this rank's device, threads and emulated slowdown; collective.
 
@@ -142,6 +149,8 @@ def setup_replica(
         threads: CPU threads per rank; default the rank's cores over the node's ranks
             sharing them.
         slowdown: emulated slowdown factors, "1,2,4" or a sequence, or None.
+        flush: flush subnormal floats to zero on this rank's CPU threads (True), stop
+            (False), or leave them as they are (None); see `lbtrain.flush_denormals`.
     """
     factors = slowdown if slowdown is None or isinstance(slowdown, str) else list(slowdown)
     emulated = agree(comm, lambda: slowdown_for_rank(factors, comm.rank, comm.size))
@@ -153,7 +162,15 @@ def setup_replica(
     use_device = getattr(comm, "use_device", None)
     if use_device is not None:
         agree(comm, lambda: use_device(assignment.torch_device))
-    return Replica(assignment, emulated)
+    # Before the workload's first tensor: torch's worker threads then start flushing.
+    if flush is not None and not flush_denormals(flush):
+        logger.warning(
+            "rank %d: --flush-denormals %s is not in force on all of this rank's CPU "
+            "threads (this CPU or torch's thread pool has no such mode)",
+            comm.rank,
+            "on" if flush else "off",
+        )
+    return Replica(assignment, emulated, flushing_threads())
 
 
 def build_workload(

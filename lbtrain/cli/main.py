@@ -22,6 +22,7 @@ from lbtrain.cli.launcher import launcher_rank
 from lbtrain.comm import Communicator, launched_by_torchrun, world_communicator
 from lbtrain.comm.base import RankLost
 from lbtrain.comm.launchers import LoneRankError
+from lbtrain.denormals import as_before
 from lbtrain.trainer.engine import TrainingDiverged
 from lbtrain.trainer.signals import Interrupted
 from lbtrain.workloads import get_plugin
@@ -218,7 +219,7 @@ def main(argv: Sequence[str] | None = None, comm: Communicator | None = None) ->
                 _error(exc)
             return 2
     try:
-        with _one_line_warnings(), _named_stdout():
+        with _one_line_warnings(), _named_stdout(), as_before():
             code = int(args.run(args, comm) or 0)
             sys.stdout.flush()  # a reader that left (`| head`) shows here, not at exit
         _close(comm)

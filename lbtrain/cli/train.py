@@ -159,6 +159,10 @@ def add_parser(
     _add(plan, "threads", "torch CPU threads per rank (default: the rank's cores divided by "
          "the ranks of its node that share them; OMP_NUM_THREADS is not read)",
          type=positive_int)  # fmt: skip
+    _add(plan, "flush_denormals", "on: flush subnormal floats to zero on every CPU thread "
+         "that computes (a converged model's CPU step stays as fast as a fresh one's; values "
+         "below 1.2e-38 become 0); off: leave them, and the slow path that meets them",
+         choices=OVERLAP_MODES)  # fmt: skip
     _add(plan, "emulate_slowdown", "testing aid: rank i sleeps (F_i - 1) x each step's compute, "
          "like a device F_i times slower; one factor >= 1 per rank (default: none)",
          metavar="F0,F1,...")  # fmt: skip

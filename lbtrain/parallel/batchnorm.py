@@ -124,11 +124,19 @@ class SyncBatchNorm(_BatchNorm):
             )
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, self, factor)
 
-    def _collective(self, buffer: torch.Tensor, phase: str, stamp: int) -> None:
-        """Sum `buffer` (tag slots first) over the ranks; refuse it on every rank if out of step."""
-        tags = (stamp % _WRAP, self.layer_index)
-        buffer[0], buffer[1] = tags[0], tags[0] ** 2
-        buffer[2], buffer[3] = tags[1], tags[1] ** 2
+    def _tags(self, stamp: int) -> list[float]:
+        """The slots before a collective's figures: the stamp, the layer, and their squares."""
+        tag = stamp % _WRAP
+        return [tag, tag**2, self.layer_index, self.layer_index**2]
+
+    def _collective(
+        self, head: list[float], figures: torch.Tensor, phase: str
+    ) -> tuple[list[float], torch.Tensor]:
+        """Sum `head` (tags, then counts) and `figures` over the ranks, in one buffer; the
+        summed head and figures, after refusing them on every rank if out of step."""
+        buffer = torch.cat(
+            [torch.tensor(head, dtype=torch.float64, device=figures.device), figures]
+        )
         if self.before_collective is not None:
             self.before_collective()
         assert self.comm is not None
@@ -136,19 +144,17 @@ class SyncBatchNorm(_BatchNorm):
         if self.after_collective is not None:
             self.after_collective()
         size = self.comm.size
-        head = buffer[:_TAG].tolist()
+        summed = buffer[: len(head)].tolist()  # one read from the device
         # Every rank holds the same sums: if they all carry this rank's tags, the sums are
         # size * tag and size * tag^2, and then all tags are equal (sum of (t - own)^2 = 0);
         # otherwise every rank fails one test and raises the same line.
-        if any(
-            head[2 * k] != size * tag or head[2 * k + 1] != size * tag**2
-            for k, tag in enumerate(tags)
-        ):
+        if any(summed[k] != size * head[k] for k in range(_TAG)):
             raise RuntimeError(
                 f"rank {self.comm.rank}: the ranks are out of step at synchronised BatchNorm "
                 f"layer '{self.layer_name}' ({phase}): every rank must run forward and backward "
                 "on every batch, an empty one too, with the same BatchNorm layers in train mode"
             )
+        return summed, buffer[len(head) :]
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):
@@ -163,7 +169,6 @@ class _SyncBatchNormFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         channels = input.shape[1]
         local = input.numel() // channels if channels else 0
-        figures = torch.zeros(_TAG + 1 + 2 * channels, dtype=torch.float64, device=input.device)
         if local:
             # BatchNorm's own training kernel for this rank's mean and 1/std (eps 0, so the
             # variance is 1/invstd^2; it gives 1/std 0 for a variance of 0): stable
@@ -171,32 +176,36 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             # (N, C, H, W) (bench_syncbn.py).
             _, mean, invstd = torch.native_batch_norm(input, None, None, None, None, True, 0.0, 0.0)
             invstd = invstd.double()
-            mean, var = mean.double(), torch.where(invstd > 0, invstd.pow(-2), 0.0)
-            figures[_TAG] = local
-            figures[_TAG + 1 : _TAG + 1 + channels] = mean * local
-            figures[_TAG + 1 + channels :] = (var + mean * mean) * local
+            mean = mean.double()
+            square = torch.where(invstd > 0, invstd.pow(-2), 0.0).addcmul_(mean, mean)
+            figures = torch.cat([mean, square]).mul_(local)
+        else:
+            figures = torch.zeros(2 * channels, dtype=torch.float64, device=input.device)
         if layer.stamp is None:
             layer._forwards += 1
         stamp = layer._forwards if layer.stamp is None else layer.stamp
-        layer._collective(figures, "forward", stamp)
-        count = float(figures[_TAG])
+        summed, figures = layer._collective([*layer._tags(stamp), local], figures, "forward")
+        count = summed[_TAG]
         if count <= 1:
             raise ValueError(
                 f"synchronised BatchNorm layer '{layer.layer_name}' got {int(count)} value per "
                 "channel over all ranks in training: it needs more than 1 (a global batch of at "
                 "least 2 samples)"
             )
-        mean = figures[_TAG + 1 : _TAG + 1 + channels] / count
-        var = (figures[_TAG + 1 + channels :] / count - mean * mean).clamp_(min=0)
+        figures.div_(count)
+        mean = figures[:channels]
+        var = figures[channels:].sub_(mean * mean).clamp_(min=0)
         if layer.track_running_stats and layer.running_mean is not None:
             with torch.no_grad():
                 running = layer.running_mean, layer.running_var
                 unbiased = var * (count / (count - 1))
                 for buffer, value in zip(running, (mean, unbiased), strict=True):
                     buffer.mul_(1 - factor).add_(value.to(buffer.dtype), alpha=factor)
+        invstd = torch.rsqrt(var + layer.eps)  # float64, for backward's correction
         mean, var = mean.to(input.dtype), var.to(input.dtype)
         # BatchNorm in eval mode with the global figures: one fused pass.
         output = nn.functional.batch_norm(input, mean, var, weight, bias, False, 0.0, layer.eps)
+        ctx.invstd = invstd
         ctx.save_for_backward(input, weight, mean, var)
         ctx.layer, ctx.count, ctx.stamp = layer, count, stamp
         return output
@@ -208,29 +217,28 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         layer: SyncBatchNorm = ctx.layer
         channels = input.shape[1]
         grad = grad.contiguous()
-        figures = torch.zeros(_TAG + 2 * channels, dtype=torch.float64, device=input.device)
+        invstd = ctx.invstd  # float64
         if input.numel():
             # Eval-mode backward: grad * weight * invstd, and this rank's sum of grad * x_hat
             # (weight's gradient) and of grad (bias's gradient), in one pass. The CPU kernel
             # reads the running figures (mean, var) in eval mode; the CUDA one may read the
             # saved ones instead, and asserts that they are given.
-            invstd = torch.rsqrt(var + layer.eps)
             grad_input, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-                grad, input, weight, mean, var, mean, invstd, False, layer.eps, [True, True, True]
-            )
-            figures[_TAG : _TAG + channels] = sum_dy.double()
-            figures[_TAG + channels :] = sum_dy_xhat.double()
+                grad, input, weight, mean, var, mean, invstd.to(input.dtype), False, layer.eps,
+                [True, True, True],
+            )  # fmt: skip
+            figures = torch.cat([sum_dy.double(), sum_dy_xhat.double()])
         else:
             grad_input = torch.zeros_like(input)
             sum_dy_xhat = sum_dy = torch.zeros(channels, dtype=input.dtype, device=input.device)
-        layer._collective(figures, "backward", ctx.stamp)
+            figures = torch.zeros(2 * channels, dtype=torch.float64, device=input.device)
+        _, figures = layer._collective(layer._tags(ctx.stamp), figures, "backward")
         if ctx.needs_input_grad[0] and input.numel():
             # dx = w invstd (dy - mean(dy) - x_hat mean(dy x_hat)), means over the global batch:
             # the eval-mode part is there; add x * b + c per channel.
-            invstd = torch.rsqrt(var.double() + layer.eps)
             scale = invstd if weight is None else weight.double() * invstd
-            mean_dy = figures[_TAG : _TAG + channels] / ctx.count
-            mean_dy_xhat = figures[_TAG + channels :] / ctx.count
+            means = figures.div_(ctx.count)
+            mean_dy, mean_dy_xhat = means[:channels], means[channels:]
             slope = -scale * invstd * mean_dy_xhat
             offset = scale * (invstd * mean.double() * mean_dy_xhat - mean_dy)
             shape = [1, channels] + [1] * (input.dim() - 2)

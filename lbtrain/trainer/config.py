@@ -65,6 +65,8 @@ class TrainConfig:
         devices: "auto", one device for all ranks, or one per rank.
         threads: CPU threads per rank (None: the rank's cores over the node's ranks sharing
             them).
+        flush_denormals: "on" flushes subnormal floats to zero on every CPU thread that
+            computes (lbtrain.flush_denormals); "off" leaves them.
         emulate_slowdown: testing aid, one factor per rank ("1,2,4") or None.
         emulate_change: testing aid, slowdowns that change mid-run: "EPOCH:F0,F1,..."
             entries separated by ";" (from that epoch, counted from 1), or None.
@@ -119,6 +121,7 @@ class TrainConfig:
     seed: int = 0
     devices: str = "auto"
     threads: int | None = None
+    flush_denormals: str = "on"
     emulate_slowdown: str | None = None
     emulate_change: str | None = None
     replan: str = "auto"
@@ -166,6 +169,7 @@ class TrainConfig:
         _choice(self, "replan", REPLAN_MODES)
         _choice(self, "overlap", OVERLAP_MODES)
         _choice(self, "sync_batchnorm", OVERLAP_MODES)
+        _choice(self, "flush_denormals", OVERLAP_MODES)
         _choice(self, "divergence", DIVERGENCE_MODES)
         _choice(self, "curves", CURVES_MODES)
         _choice(self, "log_level", LOG_LEVELS)

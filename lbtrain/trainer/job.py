@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lbtrain.comm import Communicator
+from lbtrain.denormals import as_before, flushing_threads
 from lbtrain.evaluation import evaluate, predict
 from lbtrain.outputs import atomic_write_text
 from lbtrain.text import plural
@@ -66,7 +67,7 @@ def train(
     """
     _import_what_torch_imports_late()
     stop = StopSignal(announce=comm.rank == 0)
-    with stop.installed():
+    with stop.installed(), as_before():
         try:
             setup = set_up(config, comm)
             engine = build_engine(setup, stop, callbacks, timer)
@@ -167,6 +168,8 @@ def _finish(setup: Setup, engine: Engine, stream: Any) -> TrainResult:
         metrics={k: v for k, v in evaluations.evaluations[-1].items() if k != "epoch"},
         **setup.seconds_so_far(),  # all sessions', when resumed, as train_seconds are
         resumed_from=resumed_from(setup.checkpoint),
+        # Read on each rank's training thread as the run ends: still in force, or not.
+        flushing=comm.allgather(flushing_threads()),
     )
     setup.on_root(lambda: _write_outputs(setup, plan, metrics, summary, predictions))
     # After the outputs: the end line and summary.json say the run finished, so a stop while

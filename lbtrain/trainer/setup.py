@@ -132,7 +132,8 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     agree(comm, lambda: _check_extras(config))
     checkpoint = root_value(comm, lambda: read_checkpoint(config.resume))
     folder, clear = root_value(comm, lambda: prepare_out(config, checkpoint))
-    replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown)
+    flush = config.flush_denormals == "on"
+    replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown, flush)
     slowdown_at = agree(
         comm,
         lambda: slowdown_schedule(

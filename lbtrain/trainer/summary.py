@@ -76,6 +76,7 @@ def build_summary(
     wall_seconds: float,
     profile_seconds: float,
     resumed_from: Mapping[str, Any] | None = None,
+    flushing: Sequence[bool | None] | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready summary.json of a run: totals, not the epochs (metrics.jsonl has them).
 
@@ -84,7 +85,8 @@ def build_summary(
     run's provenance (the checkpoint it continued, and where), None for a fresh run.
     `wall_seconds` and `profile_seconds` cover every session of a resumed run, up to the
     checkpoint each continued from, and so do the training totals (on another world size
-    each rank's time split covers only the sessions on that world).
+    each rank's time split covers only the sessions on that world). `flushing`: whether each
+    rank's CPU threads flushed subnormal floats at the end (`flushing_threads`).
     """
     ranks = _rank_rows(plan, devices, ranks_totals)
     seconds, steps = totals.seconds, totals.steps
@@ -96,6 +98,7 @@ def build_summary(
             "platform": platform.platform(),
         },
         "resumed_from": dict(resumed_from) if resumed_from else None,
+        "flush_denormals": list(flushing) if flushing is not None else None,
         "world_size": plan.world_size,
         "policy": plan.policy,
         "global_batch": plan.global_batch_size,
