@@ -302,10 +302,6 @@ def _abort(comm: Communicator, code: int) -> None:
         comm.abort(code)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _close(comm: Communicator) -> None:
     """Release the engine's groups where every rank got here together (torch.distributed's;
     left to interpreter exit, gloo can abort the process). Not on paths where some ranks
@@ -344,3 +340,8 @@ def _signalled(comm: Communicator, code: int) -> int:
     print(f"lbtrain: {what}{where}", file=sys.stderr, flush=True)
     _abort(comm, code)  # ranks not interrupted would wait in their next collective call
     return code
+
+
+# Last: run as `python -m lbtrain.cli.main`, main() needs every name above defined.
+if __name__ == "__main__":
+    sys.exit(main())
