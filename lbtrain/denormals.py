@@ -38,12 +38,12 @@ def flush_denormals(on: bool = True) -> bool:
     """Flush subnormal floats to zero (or stop) on this thread and torch's CPU workers.
 
     Call it on each rank's training thread (`lbtrain train` does, `--flush-denormals on`,
-    the default). Returns whether every compute thread now does as asked: False where the
-    CPU has no such mode (not x86 with SSE3), or where torch's threads are not an OpenMP
-    team that this can reach.
+    the default). Returns whether every compute thread now does as asked: for `on`, False
+    where the CPU has no such mode (not x86 with SSE3), or where torch's threads are not an
+    OpenMP team that this can reach.
     """
     if not torch.set_flush_denormal(on):
-        return False
+        return not on  # no such mode: nothing flushes, which is "off" in force
     if flushing_threads() is not on:
         _on_every_worker(on)
     return flushing_threads() is on
@@ -110,10 +110,15 @@ def _on_every_worker(on: bool) -> None:
 def _openmp_runtime() -> str | None:
     """The path of the OpenMP runtime torch loaded (its own first), or None."""
     try:
-        maps = Path("/proc/self/maps").read_text(encoding="utf-8").splitlines()
+        text = Path("/proc/self/maps").read_text(encoding="utf-8", errors="surrogateescape")
     except OSError:
         return None  # no /proc (not Linux): the check reports what holds
-    loaded = {line.split()[-1] for line in maps if any(name in line for name in _RUNTIMES)}
+    loaded = set()
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)  # address, perms, offset, dev, inode, path
+        path = fields[5].removesuffix(" (deleted)") if len(fields) == 6 else ""
+        if any(Path(path).name.startswith(name) for name in _RUNTIMES):
+            loaded.add(path)
     own = str(Path(torch.__file__).parent / "lib")
     ranked = sorted(loaded, key=lambda path: (not path.startswith(own), path))
     return ranked[0] if ranked else None

@@ -184,7 +184,8 @@ class Segments:
         self._timing = True
 
     def split(self) -> None:
-        """Sleep for the compute since `resume()`; time nothing until the next one.
+        """Sleep for the compute since `resume()`; time nothing until the next one (a caller
+        that splits before a collective calls `resume()` once it returns).
 
         The wait in the collective that follows is not compute: timed, a rank that waits
         for a slower one would stretch that wait by its own factor (MPI's waiting ranks

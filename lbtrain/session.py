@@ -124,10 +124,6 @@ class Replica:
 
     slowdown: Slowdown
 
-    # Whether torch's CPU threads flush subnormal floats (lbtrain.denormals.flushing_threads):
-    # True on all, False on none, None on some.
-    flushing: bool | None = None
-
     @property
     def device(self) -> torch.device:
         """This rank's torch device."""
@@ -164,13 +160,16 @@ def setup_replica(
         agree(comm, lambda: use_device(assignment.torch_device))
     # Before the workload's first tensor: torch's worker threads then start flushing.
     if flush is not None and not flush_denormals(flush):
-        logger.warning(
-            "rank %d: --flush-denormals %s is not in force on all of this rank's CPU "
-            "threads (this CPU or torch's thread pool has no such mode)",
+        some = flushing_threads() is None
+        (logger.warning if some else logger.info)(
+            "rank %d: --flush-denormals %s is not in force on %s",
             comm.rank,
             "on" if flush else "off",
+            "all of torch's CPU threads (a thread pool this cannot reach)"
+            if some
+            else "this CPU (it has no flush-to-zero mode)",
         )
-    return Replica(assignment, emulated, flushing_threads())
+    return Replica(assignment, emulated)
 
 
 def build_workload(

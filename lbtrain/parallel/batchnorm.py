@@ -223,8 +223,10 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             # (weight's gradient) and of grad (bias's gradient), in one pass. The CPU kernel
             # reads the running figures (mean, var) in eval mode; the CUDA one may read the
             # saved ones instead, and asserts that they are given.
+            # (The saved ones in the accumulation type: float for half and bfloat16 inputs.)
+            acc = torch.promote_types(input.dtype, torch.float32)
             grad_input, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-                grad, input, weight, mean, var, mean, invstd.to(input.dtype), False, layer.eps,
+                grad, input, weight, mean, var, mean.to(acc), invstd.to(acc), False, layer.eps,
                 [True, True, True],
             )  # fmt: skip
             figures = torch.cat([sum_dy.double(), sum_dy_xhat.double()])

@@ -45,13 +45,14 @@ def bucket_disagreement(layouts: list[list[int]]) -> str | None:
     return None
 
 
-def shared_autograd_thread(places: list[tuple[int, str]]) -> str | None:
-    """Two ranks that are threads of one process on one CUDA device, from (pid, device)."""
-    seen: dict[tuple[int, str], int] = {}
+def shared_autograd_thread(places: list[tuple[str, int, str]]) -> str | None:
+    """Two ranks that are threads of one process on one CUDA device, from (host, pid,
+    device)."""
+    seen: dict[tuple[str, int, str], int] = {}
     for rank, place in enumerate(places):
-        if place[1] != "cpu" and place in seen:
+        if place[-1] != "cpu" and place in seen:
             return (
-                f"ranks {seen[place]} and {rank} are threads of one process on {place[1]}: "
+                f"ranks {seen[place]} and {rank} are threads of one process on {place[-1]}: "
                 "autograd runs both backward passes on one thread, where synchronised "
                 "BatchNorm's collectives would wait for each other for ever; give each "
                 "in-process rank a device of its own, or start processes (mpiexec, torchrun)"

@@ -10,6 +10,7 @@ that when `backward()` returns every rank holds the mean gradient over the globa
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -145,10 +146,11 @@ class BalancedDataParallel(nn.Module):
             # ranks): a CUDA rank's gradient hooks run on autograd's device thread, so its
             # buckets start after backward, where a CPU rank's start during it. With
             # BatchNorm's collectives inside backward the ranks would meet them in different
-            # orders: buckets after backward on every rank keep one order.
+            # orders: buckets after backward on every rank keep one order. (On every rank,
+            # CPU ones too: a backward run from another thread defers buckets alike.)
             overlap = False
             device = next(module.parameters(), torch.empty(0)).device
-            places = comm.allgather((os.getpid(), str(device)))
+            places = comm.allgather((socket.gethostname(), os.getpid(), str(device)))
             agree(comm, lambda: raise_if(shared_autograd_thread(places)), name_rank=False)
         self.gradients = GradientSync(module, comm, overlap=overlap, bucket_mb=bucket_mb)
         # Buckets of other sizes would sum unrelated slices (NaN, or a rank left waiting).

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from lbtrain import flush_denormals
+from lbtrain import SingleProcessCommunicator, flush_denormals
+from lbtrain.cli.main import main
 from lbtrain.denormals import flushing_threads
 from tests.fixtures.faulty_runs import faulty
 from tests.ranks import lbtrain_ranks
@@ -45,20 +46,35 @@ def test_the_workers_that_started_before_flush_too_and_stop_again(two_threads):
     assert _zeros_on_threads() == 0
 
 
-@pytest.mark.parametrize(("setting", "expected"), [("on", [True, True]), ("off", [False, False])])
-def test_lbtrain_train_flushes_on_each_ranks_compute_threads_unless_told_not_to(
-    setting, expected, tmp_path
-):
-    """Read on each rank's training thread, with its two worker threads, as the run ends."""
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_lbtrain_train_flushes_on_each_ranks_compute_threads_unless_told_not_to(setting, tmp_path):
+    """Read on each rank's training thread, with its two worker threads, as the run ends.
+    The ranks are threads started from this one, whose mode they copy: the opposite of the
+    setting, so that each outcome is the flag's doing."""
     if not torch.set_flush_denormal(False):
         pytest.skip("this CPU has no flush-to-zero mode (torch.set_flush_denormal)")
     out = tmp_path / "run"
     args = faulty("--epochs", "1", "--threads", "2", "--flush-denormals", setting, "--quiet",
                   "--out", str(out))  # fmt: skip
+    torch.set_flush_denormal(setting == "off")
     try:
         job = lbtrain_ranks(2, *args)
     finally:
-        flush_denormals(False)  # the ranks were threads of this process
+        flush_denormals(False)
     assert job.codes == [0, 0], job.output()
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    assert summary["flush_denormals"] == expected
+    assert summary["flush_denormals"] == [setting == "on"] * 2
+
+
+def test_a_run_hands_its_callers_thread_back_as_it_found_it(tmp_path):
+    """The mode is the thread's (Python's floats too): `lbtrain train` from a user's process,
+    here this one, leaves it as it was, and on torch's workers too."""
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU has no flush-to-zero mode (torch.set_flush_denormal)")
+    args = faulty("--epochs", "1", "--flush-denormals", "on", "--quiet", "--out",
+                  str(tmp_path / "run"))  # fmt: skip
+    assert flush_denormals(False)
+    assert main(args, comm=SingleProcessCommunicator()) == 0
+    assert flushing_threads() is False
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["flush_denormals"] == [True]  # it was on during the run

@@ -75,12 +75,34 @@ def test_a_gpu_rank_beside_cpu_ranks_matches_one_process(case):
 
 
 def test_two_in_process_ranks_on_one_gpu_are_named_not_left_waiting():
-    places = [(7, "cuda:0"), (7, "cpu"), (7, "cuda:0"), (8, "cuda:0")]
+    places = [("a", 7, "cuda:0"), ("a", 7, "cpu"), ("a", 7, "cuda:0"), ("a", 8, "cuda:0")]
     said = shared_autograd_thread(places)
     assert said.startswith("ranks 0 and 2 are threads of one process on cuda:0"), said
     assert "mpiexec" in said
-    # Processes of their own (other pids), or CPU ranks, have threads of their own.
-    assert shared_autograd_thread([(7, "cuda:0"), (8, "cuda:0"), (7, "cpu"), (7, "cpu")]) is None
+    # Processes of their own (other pids, or one pid on two hosts), or CPU ranks, have
+    # threads of their own.
+    apart = [("a", 7, "cuda:0"), ("a", 8, "cuda:0"), ("b", 7, "cuda:0"), ("a", 7, "cpu")]
+    assert shared_autograd_thread([*apart, ("a", 7, "cpu")]) is None
+
+
+def test_the_hooks_around_each_batchnorm_collective_come_in_pairs():
+    """An emulated slowdown sleeps before each collective inside the model and times compute
+    again after it (lbtrain.emulation.Segments): the wrapper calls both, in turn."""
+    inputs, targets = make_data("convnet", 64)
+
+    def work(comm):
+        loader = balanced_loader(_plan([5, 11, 48]), TensorDataset(inputs, targets),
+                                 rank=comm.rank, seed=3)  # fmt: skip
+        model = BalancedDataParallel(make_model("convnet"), comm, loader)
+        calls = []
+        model.before_collective = lambda: calls.append("before")
+        model.after_collective = lambda: calls.append("after")
+        x, y = next(iter(loader))
+        nn.functional.cross_entropy(model(x), y).backward()
+        return calls
+
+    for calls in _values(run_ranks(3, work, timeout=60)):
+        assert calls == ["before", "after"] * 6  # 3 BatchNorm layers, forward and backward
 
 
 def _on_a_thread(step) -> None:

@@ -88,7 +88,7 @@ def test_ranks_on_a_gpu_and_on_cpus_are_one_process_over_the_split_batch():
                           nn.Linear(12, 4), nn.BatchNorm1d(4)).double()  # fmt: skip
     inputs = torch.randn(30, 2, 4, 4, dtype=torch.float64) * 3 + 2
     for _ in range(2):
-        outputs, grads, params = _split_run(model, inputs, [0, 9, 21], ["cuda:0", "cpu", "cpu"])
+        outputs, grads, params = _split_run(model, inputs, [9, 0, 21], ["cuda:0", "cpu", "cpu"])
         assert max(outputs, grads, params) < 1e-12
 
 
