@@ -125,9 +125,9 @@ class BalancedDataParallel(nn.Module):
         agree(comm, lambda: raise_if(disagreement(rows)), name_rank=False)
         # An engine whose transport depends on the devices (torch.distributed: NCCL only where
         # every rank is on a GPU) picks it now, unless the job already did (the trainer).
+        device = next(module.parameters(), torch.empty(0)).device
         use_device = getattr(comm, "use_device", None)
         if use_device is not None and getattr(comm, "transport", None) is None:
-            device = next(module.parameters(), torch.empty(0)).device
             agree(comm, lambda: use_device(device))
         if sync_batchnorm:
             module = convert_sync_batchnorm(module, comm)
@@ -149,7 +149,6 @@ class BalancedDataParallel(nn.Module):
             # orders: buckets after backward on every rank keep one order. (On every rank,
             # CPU ones too: a backward run from another thread defers buckets alike.)
             overlap = False
-            device = next(module.parameters(), torch.empty(0)).device
             places = comm.allgather((socket.gethostname(), os.getpid(), str(device)))
             agree(comm, lambda: raise_if(shared_autograd_thread(places)), name_rank=False)
         self.gradients = GradientSync(module, comm, overlap=overlap, bucket_mb=bucket_mb)
