@@ -28,7 +28,8 @@ process.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -44,6 +45,7 @@ __all__ = [
     "SyncBatchNorm",
     "convert_sync_batchnorm",
     "sync_batchnorm_layers",
+    "timed_as_synchronised",
 ]
 
 # The stock layers whose forward is the formula this module reproduces; anything else that
@@ -95,6 +97,8 @@ class SyncBatchNorm(_BatchNorm):
         self.after_collective: Callable[[], None] | None = None
         # The step every rank must be on (the wrapper's loader batch); None: the call count.
         self.stamp: int | None = None
+        # Run the synchronised arithmetic on one rank too (profiling: `timed_as_synchronised`).
+        self.alone_as_synchronised = False
         self._forwards = 0
 
     def _check_input_dim(self, input: torch.Tensor) -> None:
@@ -110,7 +114,8 @@ class SyncBatchNorm(_BatchNorm):
                 factor = 1.0 / float(self.num_batches_tracked)
         batch_stats = self.training or self.running_mean is None
         comm = self.comm
-        if not batch_stats or not self.training or comm is None or comm.size == 1:
+        alone = comm is not None and comm.size == 1 and not self.alone_as_synchronised
+        if not batch_stats or not self.training or comm is None or alone:
             # Eval, or one rank: BatchNorm itself, with no collective.
             return nn.functional.batch_norm(
                 input,
@@ -283,6 +288,51 @@ def convert_sync_batchnorm(model: nn.Module, comm: Communicator) -> nn.Module:
     for index, (name, layer) in enumerate(sync_batchnorm_layers(converted)):
         layer.comm, layer.layer_name, layer.layer_index = comm, name or "(the model)", index
     return converted
+
+
+@contextmanager
+def timed_as_synchronised(model: nn.Module, enabled: bool = True) -> Iterator[nn.Module]:
+    """`model` whose BatchNorm layers compute as synchronised BatchNorm does on many ranks,
+    with one-rank collectives; put back as it was on exit.
+
+    For profiling: each rank is timed alone, but a synchronised layer costs more than a plain
+    one (two statistics passes, a correction in backward, and the Python around them, about
+    0.3 ms a layer and step on one CPU thread at small batches), which a plan must see.
+    The stand-in layers share the originals' parameters and buffers, so an optimizer and a
+    snapshot of the model still hold them. A model that is itself one BatchNorm layer, or a
+    layer of a type `convert_sync_batchnorm` refuses, is timed as it is.
+    """
+    swapped: list[tuple[nn.Module, str, nn.Module]] = []
+    kept: list[tuple[SyncBatchNorm, tuple[Any, ...]]] = []
+    if enabled:
+        from lbtrain.comm.single import SingleProcessCommunicator
+
+        alone = SingleProcessCommunicator()
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) in _STOCK:
+                    parent.add_module(name, _convert(child))
+                    swapped.append((parent, name, child))
+        for layer in model.modules():
+            if isinstance(layer, SyncBatchNorm):
+                # A layer already converted (by the user) keeps its own settings afterwards.
+                kept.append((layer, _settings(layer)))
+                layer.comm, layer.alone_as_synchronised = alone, True
+                layer.before_collective = layer.after_collective = layer.stamp = None
+    try:
+        yield model
+    finally:
+        for layer, settings in kept:
+            (layer.comm, layer.alone_as_synchronised, layer.before_collective,
+             layer.after_collective, layer.stamp) = settings  # fmt: skip
+        for parent, name, child in swapped:
+            child.train(parent.get_submodule(name).training)
+            parent.add_module(name, child)
+
+
+def _settings(layer: SyncBatchNorm) -> tuple[Any, ...]:
+    return (layer.comm, layer.alone_as_synchronised, layer.before_collective,
+            layer.after_collective, layer.stamp)  # fmt: skip
 
 
 def _convert(module: nn.Module) -> nn.Module:

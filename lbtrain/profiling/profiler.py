@@ -158,6 +158,7 @@ def profile_replica(
     memory_share: float = 1.0,
     available_memory: Callable[[], int] = available_host_memory,
     host: str | None = None,
+    sync_batchnorm: bool = False,
 ) -> ReplicaProfile:
     """Measure how fast this replica trains the workload; leaves model and optimizer as found.
 
@@ -177,6 +178,8 @@ def profile_replica(
         memory_share: this rank's share of the node's RAM (1 / ranks on the node).
         available_memory: returns the node's available RAM in bytes.
         host: host name to record; default this machine's.
+        sync_batchnorm: time BatchNorm layers as synchronised BatchNorm computes them on
+            several ranks (its own arithmetic, with one-rank collectives).
 
     Returns:
         The ReplicaProfile.
@@ -199,6 +202,7 @@ def profile_replica(
         slowdown=slowdown,
         timer=timer,
         cpu_timer=cpu_timer,
+        sync_batchnorm=sync_batchnorm,
     ) as steps:
         ladder = config.ladder()
         for _ in range(config.warmup):
@@ -380,7 +384,9 @@ def profile_all(
         model, optimizer, loss_fn, make_batch: as for `profile_replica`.
         **kwargs: further `profile_replica` arguments (device, config, slowdown, timer,
             workload); rank and memory_share default to this rank and 1 / ranks on its node;
-            and `sync_batchnorm` (default True) for `time_sync`.
+            and `sync_batchnorm` (default True): training synchronises BatchNorm, so on
+            several ranks each rank's steps compute as its layers will, and `time_sync`
+            counts their collectives.
 
     Returns:
         One ReplicaProfile per rank. Unless the config names a reference batch, every
@@ -395,7 +401,10 @@ def profile_all(
     # Start together: ranks sharing a node should be measured while all of them compete.
     sync_batchnorm = bool(kwargs.pop("sync_batchnorm", True))
     comm.barrier()
-    profile = profile_replica(model, optimizer, loss_fn, make_batch, rank=comm.rank, **kwargs)
+    profile = profile_replica(
+        model, optimizer, loss_fn, make_batch, rank=comm.rank,
+        sync_batchnorm=sync_batchnorm and comm.size > 1, **kwargs,
+    )  # fmt: skip
     # After every rank's compute, as in training; time_sync is collective and gives every
     # rank the same (slowest rank's) figure.
     seconds, nbytes = time_sync(

@@ -86,6 +86,7 @@ def retime_profiles(
     config: ProfileConfig | None = None,
     timer: Callable[[], float] = time.perf_counter,
     cpu_timer: Callable[[], float] | None = rank_cpu_time,
+    sync_batchnorm: bool = True,
 ) -> list[ReplicaProfile]:
     """Time each rank at its own batch size, add the point to its profile, refit; collective.
 
@@ -104,6 +105,8 @@ def retime_profiles(
         config: repeats and seed; default ProfileConfig().
         timer: clock in seconds; injectable for tests.
         cpu_timer: CPU seconds of this rank (`rank_cpu_time`), for the slowdown on CPU devices.
+        sync_batchnorm: training synchronises BatchNorm: on several ranks, time its layers as
+            they will compute (as `profile_all` does).
 
     Returns:
         The updated profiles, the same on every rank, in rank order.
@@ -132,6 +135,7 @@ def retime_profiles(
             slowdown=slowdown,
             timer=timer,
             cpu_timer=cpu_timer,
+            sync_batchnorm=sync_batchnorm and comm.size > 1,
         ) as steps:
             seconds = steps.median_time(batch, config.repeats)
         profile = add_measurement(profile, batch, seconds, config.repeats)

@@ -112,12 +112,18 @@ def step_sandbox(
     slowdown: Slowdown | None = None,
     timer: Callable[[], float] = time.perf_counter,
     cpu_timer: Callable[[], float] | None = rank_cpu_time,
+    sync_batchnorm: bool = False,
 ) -> Iterator[StepTimer]:
     """A StepTimer whose steps leave no trace: model, optimizer, mode and RNG are restored.
 
     The RNG is forked and seeded with `seed`, so the synthetic batches are the same on every
-    run; the model is put in training mode, as training runs it.
+    run; the model is put in training mode, as training runs it. With `sync_batchnorm`, its
+    BatchNorm layers compute as synchronised BatchNorm does on several ranks
+    (`lbtrain.parallel.batchnorm.timed_as_synchronised`), so the steps cost what training's do.
     """
+    # Here, not at the top: lbtrain.parallel plans through lbtrain.profiling.
+    from lbtrain.parallel.batchnorm import timed_as_synchronised
+
     steps = StepTimer(
         model,
         optimizer,
@@ -131,7 +137,10 @@ def step_sandbox(
     snapshot = TrainingState(model, optimizer)
     cuda_devices = [device.index] if device.type == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=cuda_devices):
+        with (
+            torch.random.fork_rng(devices=cuda_devices),
+            timed_as_synchronised(model, sync_batchnorm),
+        ):
             torch.manual_seed(seed)
             model.train()
             yield steps

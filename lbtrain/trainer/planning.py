@@ -162,6 +162,7 @@ def _retimed_plan(
         profiles = retime_profiles(
             comm, model, optimizer, workload.loss_fn, workload.make_batch, profiles, wanted,
             device=replica.device, slowdown=replica.slowdown,
+            sync_batchnorm=config.sync_batchnorm == "on",
             config=ProfileConfig(
                 seed=config.seed, time_budget=config.time_budget,
                 repeats=REPEATS, min_repeats=MIN_REPEATS,

@@ -183,3 +183,51 @@ def test_set_loss_count_is_refused_for_another_reduction():
     model, _ = _count_model("mean")
     with pytest.raises(RuntimeError, match="set_loss_count\\(\\) is for loss_reduction='count'"):
         model.set_loss_count(3)
+
+
+def test_profiling_times_the_synchronised_arithmetic_and_puts_the_model_back(monkeypatch):
+    """Each rank is profiled alone, where a synchronised layer would be plain BatchNorm; the
+    plan must see what training computes, so profiling runs the synchronised path with
+    one-rank collectives, then hands back the very layers it found."""
+    from lbtrain.parallel import batchnorm
+    from lbtrain.profiling import ProfileConfig, profile_replica
+
+    calls = []
+    apply = batchnorm._SyncBatchNormFunction.apply
+    monkeypatch.setattr(batchnorm._SyncBatchNormFunction, "apply",
+                        lambda *args: calls.append(1) or apply(*args))  # fmt: skip
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Sequential(nn.BatchNorm1d(3)))
+    layers = [model[1], model[2][0]]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = copy.deepcopy(model.state_dict())
+
+    def make_batch(size, device):
+        return torch.randn(size, 4, device=device), torch.randint(0, 3, (size,), device=device)
+
+    config = ProfileConfig(min_batch=2, max_batch=4, time_budget=5.0, memory_cap=False)
+    profile_replica(model, optimizer, nn.functional.cross_entropy, make_batch, config=config,
+                    sync_batchnorm=True)  # fmt: skip
+    assert calls, "no step ran synchronised BatchNorm"
+    assert [model[1], model[2][0]] == layers and all(type(m) is nn.BatchNorm1d for m in layers)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key]), key
+    # The flag off (one-rank jobs) times plain BatchNorm.
+    calls.clear()
+    profile_replica(model, optimizer, nn.functional.cross_entropy, make_batch, config=config)
+    assert not calls
+
+
+def test_timed_as_synchronised_computes_what_batchnorm_computes_and_restores_a_converted_layer():
+    from lbtrain.parallel.batchnorm import timed_as_synchronised
+
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.BatchNorm2d(3)).double()
+    converted = convert_sync_batchnorm(copy.deepcopy(plain), SingleProcessCommunicator())
+    converted[0].stamp = 7
+    x = torch.randn(4, 3, 5, 5, dtype=torch.float64)
+    with timed_as_synchronised(converted), timed_as_synchronised(copy.deepcopy(plain)) as other:
+        assert type(other[0]) is SyncBatchNorm and converted[0].alone_as_synchronised
+        assert torch.allclose(other(x), plain(x), atol=1e-12)
+        assert torch.allclose(other[0].running_var, plain[0].running_var, atol=1e-12)
+    assert not converted[0].alone_as_synchronised and converted[0].stamp == 7
