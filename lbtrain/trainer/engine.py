@@ -40,7 +40,13 @@ from lbtrain.trainer.control import Control
 from lbtrain.trainer.records import EpochRecord, Totals
 from lbtrain.trainer.replan import predicted_steps
 from lbtrain.trainer.signals import StopSignal
-from lbtrain.trainer.timing import PendingTimes, StepTimer, StepTimes
+from lbtrain.trainer.timing import (
+    CollectiveWaits,
+    PendingTimes,
+    StepTimer,
+    StepTimes,
+    with_inner_wait,
+)
 
 # StepTimer and StepTimes live in lbtrain.trainer.timing; they stay importable from here.
 __all__ = ["Callback", "Engine", "RunState", "StepTimer", "StepTimes", "TrainingDiverged"]
@@ -161,6 +167,9 @@ class Engine:
         # evaluation or a checkpoint sees one state (False only to show why).
         self.broadcast_buffers = True
         self._cpu_timer = rank_cpu_time if device.type == "cpu" else None
+        self._waits = CollectiveWaits(
+            self.timer.now, self._sync_device if device.type == "cuda" else None
+        )
         self._timed: list[StepTimes | PendingTimes] = []  # this epoch's, not yet counted
 
     def add_callbacks(self, callbacks: Iterable[Callback]) -> None:
@@ -317,7 +326,9 @@ class Engine:
             self.scheduler.step()
         marks = (start, computed, waited, synced, mark())
         samples = 0 if loader.empty else len(targets)
-        return control, self.timer.times(marks, samples, self.state.epoch)
+        times = self.timer.times(marks, samples, self.state.epoch)
+        inner = self._waits.take()
+        return control, with_inner_wait(times, inner) if inner else times
 
     def _backward(
         self, inputs: Any, targets: Any, slowdown: Slowdown, sync: Callable[[], None] | None
@@ -326,10 +337,13 @@ class Engine:
         parallel = self.parallel
         assert parallel is not None
         with slowdown.step(synchronize=sync, cpu_timer=self._cpu_timer) as segments:
-            # An emulated slow rank is slow between the model's collectives too.
-            if slowdown.active:
-                parallel.before_collective = segments.split
-                parallel.after_collective = segments.resume
+            if parallel.collective_forward:
+                # Time in the model's collectives is waiting, not compute; and an emulated
+                # slow rank is slow between them too.
+                emulated = (segments.split, segments.resume) if slowdown.active else ()
+                parallel.before_collective, parallel.after_collective = self._waits.around(
+                    *emulated
+                )
             try:
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
                 outputs = parallel(inputs)

@@ -19,6 +19,7 @@ tests of a machine without a GPU (it proves the bookkeeping, not the CUDA calls)
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,12 +29,26 @@ import torch
 
 from lbtrain.devices import synchronize
 
-__all__ = ["EventTimer", "HostEvent", "PendingTimes", "StepTimer", "StepTimes"]
+__all__ = [
+    "CollectiveWaits",
+    "EventTimer",
+    "HostEvent",
+    "PendingTimes",
+    "StepTimer",
+    "StepTimes",
+    "with_inner_wait",
+]
 
 
 @dataclass(frozen=True)
 class StepTimes:
-    """One step's phases on this rank's clock: compute, wait for the slowest, sync, update."""
+    """One step's phases on this rank's clock: compute, wait for the slowest, sync, update.
+
+    `inner_wait` is the time spent inside the model's own collectives (synchronised
+    BatchNorm) between `start` and `computed`: waiting for the other ranks, so it counts
+    as wait, not compute. Counted as compute, it would make the fastest rank look as slow
+    as the slowest, and the re-planner could not tell them apart.
+    """
 
     start: float
     computed: float
@@ -41,16 +56,18 @@ class StepTimes:
     synced: float
     done: float
     samples: int
+    inner_wait: float = 0.0
 
     @property
     def compute(self) -> float:
-        """Forward, backward and the optimizer step."""
-        return (self.computed - self.start) + (self.done - self.synced)
+        """Forward, backward and the optimizer step, less the waits inside the model."""
+        return (self.computed - self.start) + (self.done - self.synced) - self.inner_wait
 
     @property
     def wait(self) -> float:
-        """Idle in the control allreduce, for the slowest rank."""
-        return self.waited - self.computed
+        """Idle for the slowest rank: in the control allreduce and in the model's own
+        collectives."""
+        return self.waited - self.computed + self.inner_wait
 
     @property
     def comm(self) -> float:
@@ -99,6 +116,7 @@ class PendingTimes:
         self, timer: EventTimer, marks: Sequence[Any], samples: int, anchor: tuple[Any, float]
     ) -> None:
         self.timer, self.marks, self.samples, self.anchor = timer, marks, samples, anchor
+        self.inner_wait = 0.0  # host-timed (see `CollectiveWaits`)
         self._times: StepTimes | None = None
 
     def ready(self) -> bool:
@@ -113,7 +131,7 @@ class PendingTimes:
             times = [at + reference.elapsed_time(self.marks[0]) / 1e3]
             for begin, end in zip(self.marks, self.marks[1:], strict=False):
                 times.append(times[-1] + begin.elapsed_time(end) / 1e3)
-            self._times = StepTimes(*times, samples=self.samples)
+            self._times = StepTimes(*times, samples=self.samples, inner_wait=self.inner_wait)
             self.marks, self.anchor = (), (None, 0.0)  # the events can go
         return self._times
 
@@ -125,8 +143,64 @@ class PendingTimes:
 
 
 _TIMES_FIELDS = frozenset(
-    {"start", "computed", "waited", "synced", "done", "compute", "wait", "comm"}
+    {"start", "computed", "waited", "synced", "done", "compute", "wait", "comm", "inner_wait"}
 )
+
+
+def with_inner_wait(times: StepTimes | PendingTimes, seconds: float) -> StepTimes | PendingTimes:
+    """`times` with `seconds` of the step's compute moved to its wait (`StepTimes`)."""
+    if isinstance(times, PendingTimes):
+        times.inner_wait = seconds
+        return times
+    return dataclasses.replace(times, inner_wait=seconds)
+
+
+class CollectiveWaits:
+    """Times the model's own collectives (synchronised BatchNorm), as the wrapper's
+    `before_collective` and `after_collective` hooks, on the host clock.
+
+    Args:
+        now: the clock, in seconds.
+        synchronize: waits for the device before the collective is timed (a CUDA rank: its
+            queued kernels are compute; the layer reads the collective's result on the host,
+            so the device is idle once it returns).
+    """
+
+    def __init__(
+        self, now: Callable[[], float], synchronize: Callable[[], None] | None = None
+    ) -> None:
+        self.now, self.synchronize = now, synchronize
+        self.seconds = 0.0
+        self._began: float | None = None
+        self._split: Callable[[], None] | None = None
+        self._resume: Callable[[], None] | None = None
+
+    def around(
+        self, split: Callable[[], None] | None = None, resume: Callable[[], None] | None = None
+    ) -> tuple[Callable[[], None], Callable[[], None]]:
+        """The two hooks, calling `split` (an emulated sleep, compute) before the timing
+        starts and `resume` once it stops."""
+        self._split, self._resume = split, resume
+        return self._before, self._after
+
+    def take(self) -> float:
+        """The seconds timed since the last take."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def _before(self) -> None:
+        if self._split is not None:
+            self._split()
+        if self.synchronize is not None:
+            self.synchronize()
+        self._began = self.now()
+
+    def _after(self) -> None:
+        if self._began is not None:
+            self.seconds += self.now() - self._began
+            self._began = None
+        if self._resume is not None:
+            self._resume()
 
 
 class EventTimer(StepTimer):

@@ -509,3 +509,48 @@ def test_a_finished_run_takes_its_own_plan_under_another_name(tmp_path, monkeypa
     assert _same_setting(str(tmp_path / "plan.json"), "plan.json")
     assert not _same_setting("other.json", "plan.json")  # missing: not the same
     assert _same_setting(64, 64) and not _same_setting(32, 64)
+
+
+def test_time_in_synchronised_batchnorm_collectives_is_wait_not_compute():
+    """The fastest rank waits for the slowest inside each BatchNorm collective; counted as
+    compute, every rank would look as slow as the slowest and the re-planner could not tell
+    them apart. On a clock that ticks 1 s a reading, each collective is 1 s of wait: one
+    BatchNorm layer, 2 collectives a step, plus the control allreduce's 1 s."""
+    from lbtrain.comm import run_ranks
+    from lbtrain.trainer.engine import Callback
+    from lbtrain.trainer.timing import StepTimer
+
+    class Ticks(StepTimer):
+        def __init__(self) -> None:
+            self.t = 0.0
+
+        def now(self) -> float:
+            self.t += 1.0
+            return self.t
+
+    class Keep(Callback):
+        def __init__(self) -> None:
+            self.records: list = []
+
+        def on_epoch_end(self, engine, record) -> None:
+            self.records.append(dict(record.ranks[engine.comm.rank], steps=record.steps))
+
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+
+    def train_on(comm, sync: bool):
+        model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 2))
+        loader = balanced_loader([1.0, 3.0], data, global_batch_size=16, rank=comm.rank)
+        opt = build_optimizer(model.parameters(), "sgd", lr=0.1)
+        keep = Keep()
+        engine = Engine(
+            model, opt, build_scheduler(opt, "constant", 2, 1), loader, comm,
+            loss_fn=nn.functional.cross_entropy, device=torch.device("cpu"), epochs=1,
+            sync_batchnorm=sync, callbacks=[keep], timer=Ticks(),
+        )  # fmt: skip
+        engine.fit()
+        return keep.records[0]
+
+    for sync, wait in ((True, 3.0), (False, 1.0)):
+        for result in run_ranks(2, lambda comm, sync=sync: train_on(comm, sync), timeout=60):
+            record = result.value
+            assert record["wait"] == wait * record["steps"], (sync, record)
