@@ -28,6 +28,7 @@ the same figure with `--replan off`, and each rank's idle share.
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -189,7 +190,26 @@ def _replan_figures(
             f"{first + 1}..{len(records)}); batches {batches}; {replans} re-plan(s); idle per "
             f"rank {idle} %",
         ))  # fmt: skip
+    figures.append(_forecast_figure(label, bc.epochs_of(auto.out)))
     return figures
+
+
+def _forecast_figure(label: str, records: list[dict]) -> Figure:
+    """Median measured / predicted step from epoch 2 on (issue 38), for the prediction
+    corrected by the epochs before each (`forecast_step_seconds`), the plan's beside it."""
+    import statistics
+
+    later = [e for e in records[1:] if e.get("forecast_step_seconds")]
+    if not later:
+        return Figure(NAME, f"{label} cost --replan auto: measured/corrected prediction",
+                      math.nan, "", "0.90..1.10", False, "no epoch after the first")  # fmt: skip
+    corrected = statistics.median(e["step_seconds"] / e["forecast_step_seconds"] for e in later)
+    plans = statistics.median(e["step_seconds"] / e["predicted_step_seconds"] for e in later)
+    return Figure(
+        NAME, f"{label} cost --replan auto: measured/corrected prediction", corrected, "",
+        "0.90..1.10", abs(corrected - 1) <= 0.10,
+        f"median over epochs 2..{len(records)}; against the plan's own prediction {plans:.3f}",
+    )  # fmt: skip
 
 
 def run(quick: bool, workdir: Path) -> list[Figure]:

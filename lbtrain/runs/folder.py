@@ -319,6 +319,8 @@ _SUMMARY_FIELDS: dict[str, tuple[type, ...]] = {
             "measured_step_seconds",
             "predicted_step_seconds",
             "prediction_error_median",
+            "forecast_error_median",
+            "forecast_step_seconds",
         ),
         _NUMBER,
     ),

@@ -206,6 +206,10 @@ def _final(run: Run) -> str:
         "included)"
         + (f"; median error from epoch 2 on {100 * error:.1f}%" if error is not None else "")
     )
+    corrected = summary.get("forecast_error_median")
+    if corrected is not None:
+        lines.append(f"corrected by the epochs measured before each: median error "
+                     f"{100 * corrected:.1f}%")  # fmt: skip
     versions = summary.get("versions") or {}
     counts = [
         _plural(summary.get("epochs_run", 0), "epoch"),

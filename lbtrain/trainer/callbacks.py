@@ -55,11 +55,18 @@ class ProgressCallback(Callback):
     def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
         self._open = False
         accuracy = "" if record.accuracy is None else f"  train acc {100 * record.accuracy:6.2f} %"
+        # Once epochs have been measured, the prediction they correct beside the plan's.
+        corrected = (
+            f", corrected {1e3 * record.forecast_step_seconds:.1f}"
+            if record.correction != 1.0
+            else ""
+        )
         self.progress.end_epoch(
             f"epoch {record.epoch + 1}/{engine.state.epochs}  loss {record.loss:.4f}{accuracy}"
             f"  {record.seconds:.1f} s  {record.samples / max(record.seconds, 1e-9):,.0f} "
             f"samples/s  step {1e3 * record.step_seconds:.1f} ms (predicted "
-            f"{1e3 * record.predicted_step_seconds:.1f})  idle {100 * record.idle_fraction:.0f} %"
+            f"{1e3 * record.predicted_step_seconds:.1f}{corrected})  "
+            f"idle {100 * record.idle_fraction:.0f} %"
         )
 
     def on_fit_end(self, engine: Engine) -> None:

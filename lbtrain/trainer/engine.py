@@ -250,8 +250,9 @@ class Engine:
         ]
         if state.record is None or state.step == 0:
             state.record = EpochRecord(
-                epoch, slowdown=slowdown.factor, batch_sizes=list(plan.batch_sizes)
-            )
+                epoch, slowdown=slowdown.factor, batch_sizes=list(plan.batch_sizes),
+                correction=state.totals.correction(),
+            )  # fmt: skip
             if self.step_metric is not None:
                 state.record.metric_sum = 0.0
         record, first = state.record, state.step

@@ -40,6 +40,9 @@ class EpochRecord:
     # own figures (what re-planning reads) are the rest.
     carried_steps: int = 0
     carried_seconds: float = 0.0
+    # How far the epochs before this one sat from their predictions (measured / predicted,
+    # `Totals.correction`), fixed at the epoch's start.
+    correction: float = 1.0
 
     @property
     def step_seconds(self) -> float:
@@ -50,6 +53,11 @@ class EpochRecord:
     def predicted_step_seconds(self) -> float:
         """The plan's predicted seconds per step, for the steps this epoch took."""
         return self.predicted_seconds / max(self.steps, 1)
+
+    @property
+    def forecast_step_seconds(self) -> float:
+        """The plan's prediction corrected by the epochs measured before this one."""
+        return self.correction * self.predicted_step_seconds
 
     @property
     def idle_fraction(self) -> float:
@@ -99,6 +107,7 @@ class EpochRecord:
             "seconds": self.seconds,
             "step_seconds": self.step_seconds,
             "predicted_step_seconds": self.predicted_step_seconds,
+            "forecast_step_seconds": self.forecast_step_seconds,
             "idle_fraction": self.idle_fraction,
             "batch_sizes": list(self.batch_sizes),
             "ranks": [
@@ -136,6 +145,9 @@ class EpochRecord:
 
 # Epochs whose prediction error the summary's median is taken over: the latest ones.
 ERROR_WINDOW = 256
+# Epochs whose measured / predicted ratio corrects the next epoch's prediction: enough to
+# average this machine's noise, few enough to follow a drift.
+CALIBRATION_WINDOW = 8
 
 
 @dataclass
@@ -154,6 +166,24 @@ class Totals:
     first_loss: float | None = None
     last: dict[str, Any] | None = None
     errors: deque[float] = field(default_factory=lambda: deque(maxlen=ERROR_WINDOW))
+    forecast_errors: deque[float] = field(default_factory=lambda: deque(maxlen=ERROR_WINDOW))
+    # (measured, predicted) seconds of the latest epochs from the run's second on, and of
+    # its first, for `correction`.
+    calibration: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=CALIBRATION_WINDOW)
+    )
+    first_calibration: tuple[float, float] | None = None
+
+    def correction(self) -> float:
+        """Measured over predicted seconds of the latest epochs: what the next epoch's
+        prediction is multiplied by. The plan's model misses by what profiling each rank
+        alone cannot see (ranks contending for cores and memory, the step's bookkeeping, a
+        machine that drifts); the epochs just run measure it. The run's first epoch (which
+        also pays for allocation and caches) counts only until a later one is measured."""
+        pairs = self.calibration or ([self.first_calibration] if self.first_calibration else [])
+        measured = sum(m for m, _ in pairs)
+        predicted = sum(p for _, p in pairs)
+        return measured / predicted if predicted > 0 and measured > 0 else 1.0
 
     def add(self, record: EpochRecord) -> None:
         """Count one finished (or interrupted) epoch."""
@@ -167,25 +197,50 @@ class Totals:
         self.predicted_seconds += record.predicted_seconds
         if self.first_loss is None and record.steps:
             self.first_loss = record.loss
+        if not (record.steps and record.predicted_seconds > 0):
+            return
+        pair = (record.seconds, record.predicted_seconds)
         # The first epoch pays one-off costs (allocation, caches) no steady model predicts.
-        if record.epoch >= 1 and record.steps and record.predicted_seconds > 0:
-            predicted = record.predicted_step_seconds
-            self.errors.append(abs(record.step_seconds - predicted) / predicted)
+        if record.epoch == 0:
+            self.first_calibration = pair
+            return
+        predicted = record.predicted_step_seconds
+        self.errors.append(abs(record.step_seconds - predicted) / predicted)
+        if self.calibration or self.first_calibration:  # corrected by measured epochs
+            forecast = record.forecast_step_seconds
+            self.forecast_errors.append(abs(record.step_seconds - forecast) / forecast)
+        self.calibration.append(pair)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain values for a checkpoint."""
         state = dataclasses.asdict(self)
-        state["errors"] = list(self.errors)
+        for name in ("errors", "forecast_errors"):
+            state[name] = list(getattr(self, name))
+        state["calibration"] = [list(pair) for pair in self.calibration]
+        first = self.first_calibration
+        state["first_calibration"] = list(first) if first is not None else None
         return state
 
     def job_wide(self) -> Totals:
         """These totals as another world continues them: the job's figures (epochs, steps,
-        samples, seconds, predictions, re-plans, losses) kept, this rank's split zeroed."""
-        return dataclasses.replace(self, compute=0.0, wait=0.0, comm=0.0)
+        samples, seconds, predictions, re-plans, losses) kept, this rank's split zeroed,
+        and no correction carried over from another world's steps."""
+        return dataclasses.replace(
+            self, compute=0.0, wait=0.0, comm=0.0,
+            calibration=deque(maxlen=CALIBRATION_WINDOW), first_calibration=None,
+        )  # fmt: skip
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Totals:
         """The totals a checkpoint saved."""
         state = dict(state)
         errors = deque(state.pop("errors", []), maxlen=ERROR_WINDOW)
-        return cls(**state, errors=errors)
+        forecast = deque(state.pop("forecast_errors", []), maxlen=ERROR_WINDOW)
+        calibration = deque(
+            (tuple(pair) for pair in state.pop("calibration", [])), maxlen=CALIBRATION_WINDOW
+        )
+        first = state.pop("first_calibration", None)
+        return cls(
+            **state, errors=errors, forecast_errors=forecast, calibration=calibration,
+            first_calibration=tuple(first) if first is not None else None,
+        )  # fmt: skip

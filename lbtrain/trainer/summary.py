@@ -65,6 +65,12 @@ def prediction_error(totals: Totals) -> float | None:
     return statistics.median(totals.errors) if totals.errors else None
 
 
+def forecast_error(totals: Totals) -> float | None:
+    """The same median for the prediction corrected by the epochs measured before each
+    (`Totals.correction`), from the run's second epoch on; None before there are any."""
+    return statistics.median(totals.forecast_errors) if totals.forecast_errors else None
+
+
 def build_summary(
     *,
     plan: BalancePlan,
@@ -109,13 +115,7 @@ def build_summary(
         "steps": steps,
         "samples_per_second": totals.samples / seconds if seconds > 0 else None,
         "measured_step_seconds": seconds / steps if steps else None,
-        # The prediction for the steps that ran (plans and models change when re-planning),
-        # to set beside the measured mean; the plan in force predicts the next step.
-        "predicted_step_seconds": totals.predicted_seconds / steps
-        if steps
-        else plan.predicted_step_time,
-        "plan_predicted_step_seconds": plan.predicted_step_time,
-        "prediction_error_median": prediction_error(totals),
+        **_predictions(plan, totals),
         "replans": totals.replans,
         "first_epoch_loss": totals.first_loss,
         "last_epoch": totals.last,
@@ -123,6 +123,22 @@ def build_summary(
         "evaluations": list(evaluations),
         "ranks": ranks,
         "metrics": dict(metrics) if metrics else None,
+    }
+
+
+def _predictions(plan: BalancePlan, totals: Totals) -> dict[str, float | None]:
+    """The summary's predictions: for the steps that ran (plans and models change when
+    re-planning), to set beside the measured mean; the plan in force's for the next step;
+    and the errors of the plan's and of the corrected prediction."""
+    steps = totals.steps
+    return {
+        "predicted_step_seconds": totals.predicted_seconds / steps
+        if steps
+        else plan.predicted_step_time,
+        "plan_predicted_step_seconds": plan.predicted_step_time,
+        "prediction_error_median": prediction_error(totals),
+        "forecast_error_median": forecast_error(totals),
+        "forecast_step_seconds": totals.correction() * plan.predicted_step_time,
     }
 
 
@@ -164,16 +180,7 @@ def format_summary(
         f" s, training {summary['train_seconds']:.1f} s)"
         + (f", {throughput:,.0f} samples/s" if throughput else "")
     )
-    measured = summary["measured_step_seconds"]
-    predicted = summary["predicted_step_seconds"]
-    if measured:
-        error = summary.get("prediction_error_median")
-        lines.append(
-            f"  step time: measured {1e3 * measured:.2f} ms, predicted {1e3 * predicted:.2f} ms "
-            "a step on average, the short last step of each epoch included (slowest rank's "
-            "compute, then the sync)"
-            + (f"; median error from epoch 2 on {100 * error:.1f}%" if error is not None else "")
-        )
+    lines += _step_lines(summary)
     replans = summary.get("replans", 0)
     if replans:
         lines.append(f"  re-planned {replans} time(s); the plan in force is shown below")
@@ -197,3 +204,26 @@ def format_summary(
         shown = shlex.quote(os.fspath(folder))
         lines += ["", f"  run folder: {shown}  (see: lbtrain show {shown})"]
     return "\n".join(lines)
+
+
+def _step_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The measured step against the plan's prediction, and against the corrected one."""
+    lines: list[str] = []
+    measured = summary["measured_step_seconds"]
+    predicted = summary["predicted_step_seconds"]
+    if measured:
+        error = summary.get("prediction_error_median")
+        lines.append(
+            f"  step time: measured {1e3 * measured:.2f} ms, predicted {1e3 * predicted:.2f} ms "
+            "a step on average, the short last step of each epoch included (slowest rank's "
+            "compute, then the sync)"
+            + (f"; median error from epoch 2 on {100 * error:.1f}%" if error is not None else "")
+        )
+        corrected = summary.get("forecast_error_median")
+        if corrected is not None:
+            lines.append(
+                "  corrected by the epochs measured before each: median error "
+                f"{100 * corrected:.1f}%; the next step "
+                f"{1e3 * summary['forecast_step_seconds']:.2f} ms"
+            )
+    return lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import resource
+import statistics
 
 import pytest
 
@@ -148,3 +149,48 @@ def test_a_resume_on_other_threads_or_hosts_says_what_moved(capsys):
         SingleProcessCommunicator(), config, checkpoint, [{**device, "slowdown": 2.0 + 1e-7}]
     )
     assert "this job on 1 (cpu x2): planning again" in capsys.readouterr().out
+
+
+def test_the_prediction_is_corrected_by_the_epochs_measured_before_each():
+    """A plan that predicts 100 ms where steps take 120: from the run's second epoch, each
+    epoch's prediction is the plan's times measured / predicted over the epochs before it
+    (the first, which pays one-off costs, only until a later one is measured), so its error
+    falls where the plan's stays at 20%."""
+    totals = Totals()
+    seconds = [1.3, 1.2, 1.2, 1.26, 1.14]  # 10 steps an epoch, predicted 1.0 s each
+    expected = [1.0, 1.3] + [sum(seconds[1:e]) / (e - 1) for e in range(2, len(seconds))]
+    for epoch, measured in enumerate(seconds):
+        record = EpochRecord(epoch=epoch, steps=10, seconds=measured, predicted_seconds=1.0,
+                             correction=totals.correction())  # fmt: skip
+        assert record.forecast_step_seconds == pytest.approx(0.1 * expected[epoch])
+        totals.add(record)
+    assert list(totals.errors) == pytest.approx([0.2, 0.2, 0.26, 0.14])
+    assert list(totals.forecast_errors) == pytest.approx(
+        [abs(m / c - 1) for m, c in zip(seconds[1:], expected[1:], strict=True)]
+    )
+    assert statistics.median(totals.forecast_errors) < 0.06
+    # It travels in checkpoints, and not to another world size.
+    again = Totals.from_state(totals.state_dict())
+    assert again.correction() == totals.correction() == pytest.approx(4.8 / 4)
+    assert list(again.forecast_errors) == list(totals.forecast_errors)
+    assert again.first_calibration == totals.first_calibration == (1.3, 1.0)
+    assert totals.job_wide().correction() == 1.0
+
+
+def test_the_summary_says_the_corrected_prediction_beside_the_plans():
+    plan = plan_batches([1.0], 8, "equal")
+    totals = Totals()
+    for epoch in range(3):
+        totals.add(EpochRecord(epoch=epoch, steps=4, seconds=0.6, predicted_seconds=0.4,
+                               correction=totals.correction()))  # fmt: skip
+    devices = [{"device": "cpu", "host": "h", "threads": 1, "slowdown": 1.0}]
+    ranks = [{"steps": 12.0, "seconds": 1.8, "compute": 1.8, "wait": 0.0, "comm": 0.0}]
+    summary = build_summary(
+        plan=plan, devices=devices, totals=totals, evaluations=[], ranks_totals=ranks,
+        metrics=None, wall_seconds=2.0, profile_seconds=0.1,
+    )  # fmt: skip
+    assert summary["prediction_error_median"] == pytest.approx(0.5)
+    assert summary["forecast_error_median"] == pytest.approx(0.0)
+    assert summary["forecast_step_seconds"] == pytest.approx(1.5 * plan.predicted_step_time)
+    text = format_summary(summary, (), None)
+    assert "corrected by the epochs measured before each: median error 0.0%" in text
