@@ -174,7 +174,8 @@ def add_parser(
          "epochs or more, and a gain above 2%% even with each rank's rate pulled 3 standard "
          "errors toward the others' (exact either way); off: keep the first plan and its "
          "profiled prediction", choices=REPLAN_MODES)  # fmt: skip
-    _add(plan, "time_budget", "seconds each rank spends profiling, about", type=positive_float)
+    _add(plan, "time_budget", "seconds each rank spends profiling, about, re-timing at the "
+         "plan's batches included", type=positive_float)  # fmt: skip
     optim = parser.add_argument_group("optimisation")
     _add(optim, "optimizer", "optimizer", choices=OPTIMIZERS)
     _add(optim, "lr", "initial learning rate", type=positive_float)

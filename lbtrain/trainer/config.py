@@ -74,7 +74,8 @@ class TrainConfig:
             once the evidence holds (lbtrain.trainer.replanner.Replanner: two epochs or more,
             and a gain above 2% even with each rate pulled 3 standard errors toward the
             others'); "off" keeps the plan.
-        time_budget: seconds of profiling per rank; short by default (2 s), since the
+        time_budget: seconds of profiling per rank, re-timing at the plan's batches
+            included (the ladder takes 75% of it); short by default (2 s), since the
             re-planner then refines the first plan from what training measures.
         profiles: reuse a profiles file instead of profiling.
         plan: reuse a plan file instead of profiling and planning.

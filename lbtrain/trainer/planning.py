@@ -51,6 +51,9 @@ RETIME_ROUNDS = 3
 # and the re-planner refines the first plan from it (issue 20: profile little). Re-timing
 # uses them too (a --profiles file of `lbtrain profile` keeps its own, more, per rung).
 REPEATS, MIN_REPEATS = 3, 2
+# The time budget covers re-timing too: the ladder takes this share of it, re-timing what
+# is left (its first round runs whatever is left: a plan must not rest on an extrapolation).
+LADDER_SHARE = 0.75
 
 
 def make_plan(
@@ -71,18 +74,19 @@ def make_plan(
         data = root_value(comm, lambda: _read_plan(config.plan))
         plan = agree(comm, lambda: _plan_from(data, config, comm.size))
         return plan, None
+    started = time.perf_counter()
     if config.profiles:
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
         agree(comm, lambda: check_profiled(profiles, workload, config.profiles))
         agree(comm, lambda: check_profiled_ranks(profiles, devices, config.profiles))
     else:
-        started = time.perf_counter()
         profiles = _profile(comm, config, replica, workload, make_optimizer)
         logger.debug("profiling took %.2f s (time_budget %g s)",
                      time.perf_counter() - started, config.time_budget)  # fmt: skip
-    started = time.perf_counter()
-    plan, profiles = _retimed_plan(comm, config, replica, workload, make_optimizer, profiles)
-    logger.debug("re-timing and planning took %.2f s", time.perf_counter() - started)
+    plan, profiles = _retimed_plan(
+        comm, config, replica, workload, make_optimizer, profiles, started
+    )
+    logger.debug("profiling, re-timing and planning took %.2f s", time.perf_counter() - started)
     return plan, profiles
 
 
@@ -101,7 +105,7 @@ def _profile(
             # still gets a span wide enough to tell its fixed cost from its per-sample one.
             min_batch=min(4, reference),
             max_batch=max(16, 2 * reference),
-            time_budget=config.time_budget,
+            time_budget=config.time_budget * LADDER_SHARE,
             seed=config.seed,
             reference_batch=reference,
             warmup=1,
@@ -135,12 +139,13 @@ def _retimed_plan(
     workload: Workload,
     make_optimizer: Callable[..., torch.optim.Optimizer],
     profiles: list[ReplicaProfile],
+    started: float,
 ) -> tuple[BalancePlan, list[ReplicaProfile]]:
     """Plan, then time each share that falls outside the measured batches where it falls
-    (no extrapolation), and plan again, until the plan stands or time runs out."""
+    (no extrapolation), and plan again, until the plan stands or the time budget, counted
+    from `started` (profiling's start), runs out."""
     plan = _plan_of(comm, config, profiles)
     model = optimizer = None
-    started = time.perf_counter()
     for round_index in range(RETIME_ROUNDS):
         wanted = [
             b if outside_measured(p, b) else None
@@ -165,7 +170,9 @@ def _retimed_plan(
             sync_batchnorm=config.sync_batchnorm == "on",
             config=ProfileConfig(
                 seed=config.seed, time_budget=config.time_budget,
-                repeats=REPEATS, min_repeats=MIN_REPEATS,
+                # Two timed steps (after the untimed one): the re-planner refines the plan
+                # from every epoch, and a third step at the largest batch costs the most.
+                repeats=MIN_REPEATS, min_repeats=MIN_REPEATS,
             ),
         )  # fmt: skip
         previous, plan = plan, _plan_of(comm, config, profiles)
