@@ -251,7 +251,7 @@ class Engine:
         if state.record is None or state.step == 0:
             state.record = EpochRecord(
                 epoch, slowdown=slowdown.factor, batch_sizes=list(plan.batch_sizes),
-                correction=state.totals.correction(),
+                correction=state.totals.correction(list(plan.batch_sizes)),
             )  # fmt: skip
             if self.step_metric is not None:
                 state.record.metric_sum = 0.0

@@ -173,13 +173,18 @@ class Totals:
         default_factory=lambda: deque(maxlen=CALIBRATION_WINDOW)
     )
     first_calibration: tuple[float, float] | None = None
+    calibrated_batches: list[int] | None = None  # the plan those epochs ran
 
-    def correction(self) -> float:
-        """Measured over predicted seconds of the latest epochs: what the next epoch's
-        prediction is multiplied by. The plan's model misses by what profiling each rank
-        alone cannot see (ranks contending for cores and memory, the step's bookkeeping, a
-        machine that drifts); the epochs just run measure it. The run's first epoch (which
-        also pays for allocation and caches) counts only until a later one is measured."""
+    def correction(self, batch_sizes: list[int] | None = None) -> float:
+        """Measured over predicted seconds of the latest epochs on the plan of
+        `batch_sizes`: what the next epoch's prediction is multiplied by. The plan's model
+        misses by what profiling each rank alone cannot see (ranks contending for cores and
+        memory, the step's bookkeeping, a machine that drifts); the epochs just run measure
+        it. The run's first epoch (which also pays for allocation and caches) counts only
+        until a later one is measured. A re-planned plan starts afresh (1.0): its model was
+        rescaled to the measured epochs already."""
+        if batch_sizes is not None and list(batch_sizes) != self.calibrated_batches:
+            return 1.0
         pairs = self.calibration or ([self.first_calibration] if self.first_calibration else [])
         measured = sum(m for m, _ in pairs)
         predicted = sum(p for _, p in pairs)
@@ -200,15 +205,18 @@ class Totals:
         if not (record.steps and record.predicted_seconds > 0):
             return
         pair = (record.seconds, record.predicted_seconds)
+        if record.batch_sizes != self.calibrated_batches:  # another plan: start afresh
+            self.calibration.clear()
+            self.first_calibration = None
+            self.calibrated_batches = list(record.batch_sizes)
         # The first epoch pays one-off costs (allocation, caches) no steady model predicts.
         if record.epoch == 0:
             self.first_calibration = pair
             return
         predicted = record.predicted_step_seconds
         self.errors.append(abs(record.step_seconds - predicted) / predicted)
-        if self.calibration or self.first_calibration:  # corrected by measured epochs
-            forecast = record.forecast_step_seconds
-            self.forecast_errors.append(abs(record.step_seconds - forecast) / forecast)
+        forecast = record.forecast_step_seconds
+        self.forecast_errors.append(abs(record.step_seconds - forecast) / forecast)
         self.calibration.append(pair)
 
     def state_dict(self) -> dict[str, Any]:
@@ -228,6 +236,7 @@ class Totals:
         return dataclasses.replace(
             self, compute=0.0, wait=0.0, comm=0.0,
             calibration=deque(maxlen=CALIBRATION_WINDOW), first_calibration=None,
+            calibrated_batches=None,
         )  # fmt: skip
 
     @classmethod

@@ -138,7 +138,8 @@ def _predictions(plan: BalancePlan, totals: Totals) -> dict[str, float | None]:
         "plan_predicted_step_seconds": plan.predicted_step_time,
         "prediction_error_median": prediction_error(totals),
         "forecast_error_median": forecast_error(totals),
-        "forecast_step_seconds": totals.correction() * plan.predicted_step_time,
+        "forecast_step_seconds": totals.correction(list(plan.batch_sizes))
+        * plan.predicted_step_time,
     }
 
 

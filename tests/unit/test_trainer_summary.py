@@ -175,6 +175,13 @@ def test_the_prediction_is_corrected_by_the_epochs_measured_before_each():
     assert list(again.forecast_errors) == list(totals.forecast_errors)
     assert again.first_calibration == totals.first_calibration == (1.3, 1.0)
     assert totals.job_wide().correction() == 1.0
+    # A re-planned plan's model was rescaled to the measured epochs already: no second
+    # correction on top, and its own epochs correct it from then on.
+    assert totals.correction([30, 34]) == 1.0
+    totals.add(EpochRecord(epoch=5, steps=10, seconds=1.5, predicted_seconds=1.0,
+                           batch_sizes=[30, 34], correction=1.0))  # fmt: skip
+    assert totals.correction([30, 34]) == pytest.approx(1.5)
+    assert totals.correction([40, 24]) == 1.0
 
 
 def test_the_summary_says_the_corrected_prediction_beside_the_plans():
@@ -182,7 +189,7 @@ def test_the_summary_says_the_corrected_prediction_beside_the_plans():
     totals = Totals()
     for epoch in range(3):
         totals.add(EpochRecord(epoch=epoch, steps=4, seconds=0.6, predicted_seconds=0.4,
-                               correction=totals.correction()))  # fmt: skip
+                               batch_sizes=[8], correction=totals.correction([8])))  # fmt: skip
     devices = [{"device": "cpu", "host": "h", "threads": 1, "slowdown": 1.0}]
     ranks = [{"steps": 12.0, "seconds": 1.8, "compute": 1.8, "wait": 0.0, "comm": 0.0}]
     summary = build_summary(
