@@ -8,11 +8,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from lbtrain.balancer import BalancePlan, plan_batches
+from lbtrain.balancer import BalancePlan
 from lbtrain.balancer.checks import whole
 from lbtrain.comm import Communicator
 from lbtrain.emulation import Slowdown
-from lbtrain.profiling import ProfileConfig, ReplicaProfile, comm_cost, profile_all
+from lbtrain.profiling import ReplicaProfile
+from lbtrain.profiling.measured_plan import PlanRequest, StepSource, measure_and_plan
 from lbtrain.session import agree
 
 __all__ = ["plan_for", "tile_batch"]
@@ -66,8 +67,10 @@ def plan_for(
 
     Every rank times training steps of its own model on its own device (a ladder of batch
     sizes made from `sample`), the ranks share what they measured and the sync time of the
-    model's gradients, and every rank gets the same plan. The model and optimizer are left
-    as found.
+    model's gradients, and every rank gets the same plan; a share that falls outside the
+    batches a rank measured is timed where it falls and the plan made again, as
+    `lbtrain train` does (`lbtrain.profiling.measured_plan`). The model and optimizer are
+    left as found.
 
     Args:
         model: the model, on this rank's device, the same on every rank.
@@ -80,7 +83,7 @@ def plan_for(
         optimizer: the optimizer training will use (its step is timed); default plain SGD.
         caps: largest batch per rank (memory); combined with the cap profiling finds.
         min_batch: smallest share a rank may get (0 lets `cost` idle a rank it cannot use).
-        time_budget: seconds each rank spends profiling, about.
+        time_budget: seconds each rank spends profiling and re-timing, about.
         slowdown: emulated slowdown of this rank (a testing aid; 1 = none).
         profiles: earlier profiles (`lbtrain.load_profiles`) to plan from instead of measuring.
         sync_batchnorm: as passed to `BalancedDataParallel`: its BatchNorm collectives join
@@ -89,6 +92,34 @@ def plan_for(
     Returns:
         The BalancePlan; pass it to `balanced_loader`.
     """
+
+    caps = _check_arguments(comm, model, sample, global_batch, policy, min_batch, caps)
+    device = next(model.parameters(), torch.empty(0)).device
+
+    def make_batch(size: int, where: torch.device) -> tuple[Any, Any]:
+        inputs, targets = sample
+        return tile_batch(inputs, size, where), tile_batch(targets, size, where)
+
+    def make_model() -> tuple[nn.Module, torch.optim.Optimizer]:
+        return model, optimizer or torch.optim.SGD(model.parameters(), lr=0.0)
+
+    steps = StepSource(make_model, loss_fn, make_batch, device, slowdown=Slowdown(slowdown),
+                       sync_batchnorm=sync_batchnorm)  # fmt: skip
+    request = PlanRequest(global_batch, policy, min_batch=min_batch, caps=caps)
+    return measure_and_plan(comm, steps, request, time_budget, profiles)[0]
+
+
+def _check_arguments(
+    comm: Communicator,
+    model: nn.Module,
+    sample: Any,
+    global_batch: int,
+    policy: str,
+    min_batch: int,
+    caps: Sequence[int | None] | None,
+) -> Sequence[int | None] | None:
+    """Refuse bad arguments on every rank alike, and arguments that differ between ranks;
+    `caps` read once (a generator)."""
 
     def check() -> int:
         try:
@@ -116,44 +147,7 @@ def plan_for(
              "caps": caps}  # fmt: skip
     rows = comm.allgather(given)
     agree(comm, lambda: _same_arguments(rows), name_rank=False)
-    if profiles is None:
-        reference = max(1, global_batch // comm.size)
-        config = ProfileConfig(
-            min_batch=min(4, reference),
-            max_batch=max(16, 2 * reference),
-            time_budget=time_budget,
-            reference_batch=reference,
-        )
-        device = next(model.parameters()).device
-        optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=0.0)
-
-        def make_batch(size: int, where: torch.device) -> tuple[Any, Any]:
-            inputs, targets = sample
-            return tile_batch(inputs, size, where), tile_batch(targets, size, where)
-
-        profiles = profile_all(
-            comm,
-            model,
-            optimizer,
-            loss_fn,
-            make_batch,
-            device=device,
-            config=config,
-            slowdown=Slowdown(slowdown),
-            sync_batchnorm=sync_batchnorm,
-        )
-    measured = profiles
-    return agree(
-        comm,
-        lambda: plan_batches(
-            measured,
-            global_batch,
-            policy,
-            caps=caps,
-            min_batch=min_batch,
-            comm=comm_cost(measured),
-        ),
-    )
+    return caps
 
 
 def _same_arguments(rows: list[dict[str, Any]]) -> None:

@@ -6,7 +6,6 @@ Every function here is collective: all ranks call it and get the same plan.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -14,46 +13,17 @@ from typing import Any
 
 import torch
 
-from lbtrain.balancer import (
-    BalancePlan,
-    idle_ranks_note,
-    min_batch_note,
-    plan_batches,
-    subset_note,
-)
+from lbtrain.balancer import BalancePlan, idle_ranks_note, min_batch_note, subset_note
 from lbtrain.comm import Communicator
-from lbtrain.logs import logger
-from lbtrain.profiling import (
-    ProfileConfig,
-    ReplicaProfile,
-    comm_cost,
-    outside_measured,
-    retime_profiles,
-)
+from lbtrain.profiling import ReplicaProfile
+from lbtrain.profiling.measured_plan import PlanRequest, StepSource, measure_and_plan
 from lbtrain.profiling.record import describe_model
-from lbtrain.session import (
-    Replica,
-    agree,
-    load_profiles_collective,
-    profile_workload,
-    root_value,
-)
+from lbtrain.session import Replica, agree, load_profiles_collective, root_value
 from lbtrain.text import device_label, plural
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.workloads import Workload
 
 __all__ = ["check_profiled", "make_plan", "plan_notes"]
-
-# Re-timing converges in one or two rounds; a third is a guard against a plan that flips.
-RETIME_ROUNDS = 3
-
-# Timed steps per batch size, fewer than `lbtrain profile`'s: training measures every epoch,
-# and the re-planner refines the first plan from it (issue 20: profile little). Re-timing
-# uses them too (a --profiles file of `lbtrain profile` keeps its own, more, per rung).
-REPEATS, MIN_REPEATS = 3, 2
-# The time budget covers re-timing too: the ladder takes this share of it, re-timing what
-# is left (its first round runs whatever is left: a plan must not rest on an extrapolation).
-LADDER_SHARE = 0.75
 
 
 def make_plan(
@@ -74,127 +44,32 @@ def make_plan(
         data = root_value(comm, lambda: _read_plan(config.plan))
         plan = agree(comm, lambda: _plan_from(data, config, comm.size))
         return plan, None
-    started = time.perf_counter()
+    profiles = None
     if config.profiles:
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
         agree(comm, lambda: check_profiled(profiles, workload, config.profiles))
         agree(comm, lambda: check_profiled_ranks(profiles, devices, config.profiles))
-    else:
-        profiles = _profile(comm, config, replica, workload, make_optimizer)
-        logger.debug("profiling took %.2f s (time_budget %g s)",
-                     time.perf_counter() - started, config.time_budget)  # fmt: skip
-    plan, profiles = _retimed_plan(
-        comm, config, replica, workload, make_optimizer, profiles, started
-    )
-    logger.debug("profiling, re-timing and planning took %.2f s", time.perf_counter() - started)
-    return plan, profiles
+
+    def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        model = workload.build_model().to(replica.device)
+        return model, make_optimizer(model.parameters())
+
+    steps = StepSource(
+        make_model, workload.loss_fn, workload.make_batch, replica.device,
+        slowdown=replica.slowdown, seed=config.seed,
+        sync_batchnorm=config.sync_batchnorm == "on",
+        sample_shape=tuple(workload.sample_shape), host=replica.assignment.host,
+        workload=workload.name,
+    )  # fmt: skip
+    quiet = config.quiet or comm.rank != 0
+    return measure_and_plan(
+        comm, steps, _request(config), config.time_budget, profiles,
+        say=None if quiet else lambda line: print(line, flush=True),
+    )  # fmt: skip
 
 
-def _profile(
-    comm: Communicator,
-    config: TrainConfig,
-    replica: Replica,
-    workload: Workload,
-    make_optimizer: Callable[..., torch.optim.Optimizer],
-) -> list[ReplicaProfile]:
-    reference = max(1, config.global_batch // comm.size)
-    profile_config = agree(
-        comm,
-        lambda: ProfileConfig(
-            # Rungs from r/8 up: a slow rank whose budget affords only the first rungs
-            # still gets a span wide enough to tell its fixed cost from its per-sample one.
-            min_batch=min(4, reference),
-            max_batch=max(16, 2 * reference),
-            time_budget=config.time_budget * LADDER_SHARE,
-            seed=config.seed,
-            reference_batch=reference,
-            warmup=1,
-            repeats=REPEATS,
-            min_repeats=MIN_REPEATS,
-        ),
-    )
-    return profile_workload(comm, replica, workload, profile_config, make_optimizer,
-                            sync_batchnorm=config.sync_batchnorm == "on")  # fmt: skip
-
-
-def _plan_of(
-    comm: Communicator, config: TrainConfig, profiles: list[ReplicaProfile]
-) -> BalancePlan:
-    return agree(
-        comm,
-        lambda: plan_batches(
-            profiles,
-            config.global_batch,
-            config.policy,
-            min_batch=config.min_batch,
-            comm=comm_cost(profiles),
-        ),
-    )
-
-
-def _retimed_plan(
-    comm: Communicator,
-    config: TrainConfig,
-    replica: Replica,
-    workload: Workload,
-    make_optimizer: Callable[..., torch.optim.Optimizer],
-    profiles: list[ReplicaProfile],
-    started: float,
-) -> tuple[BalancePlan, list[ReplicaProfile]]:
-    """Plan, then time each share that falls outside the measured batches where it falls
-    (no extrapolation), and plan again, until the plan stands or the time budget, counted
-    from `started` (profiling's start), runs out."""
-    plan = _plan_of(comm, config, profiles)
-    model = optimizer = None
-    for round_index in range(RETIME_ROUNDS):
-        wanted = [
-            b if outside_measured(p, b) else None
-            for p, b in zip(profiles, plan.batch_sizes, strict=True)
-        ]
-        # The first round always runs (a few steps at batches training will run anyway);
-        # later ones while re-timing has taken less than the time budget. Rank 0's
-        # clock decides for every rank, as a rank that stopped early would leave the others
-        # waiting in the next allgather.
-        over = comm.bcast(
-            round_index > 0 and time.perf_counter() - started > config.time_budget, root=0
-        )
-        if not any(wanted) or over:
-            break
-        _say_timing(comm, config, profiles, wanted)
-        if model is None:
-            model = workload.build_model().to(replica.device)
-            optimizer = make_optimizer(model.parameters())
-        profiles = retime_profiles(
-            comm, model, optimizer, workload.loss_fn, workload.make_batch, profiles, wanted,
-            device=replica.device, slowdown=replica.slowdown,
-            sync_batchnorm=config.sync_batchnorm == "on",
-            config=ProfileConfig(
-                seed=config.seed, time_budget=config.time_budget,
-                # Two timed steps (after the untimed one): the re-planner refines the plan
-                # from every epoch, and a third step at the largest batch costs the most.
-                repeats=MIN_REPEATS, min_repeats=MIN_REPEATS,
-            ),
-        )  # fmt: skip
-        previous, plan = plan, _plan_of(comm, config, profiles)
-        if plan.batch_sizes == previous.batch_sizes:
-            break
-    return plan, profiles
-
-
-def _say_timing(
-    comm: Communicator,
-    config: TrainConfig,
-    profiles: list[ReplicaProfile],
-    wanted: list[int | None],
-) -> None:
-    if comm.rank == 0 and not config.quiet:
-        ranks = ", ".join(
-            f"rank {r} at batch {b} (measured {min(profiles[r].batch_sizes)}.."
-            f"{max(profiles[r].batch_sizes)})"
-            for r, b in enumerate(wanted)
-            if b
-        )
-        print(f"timing {ranks}, then planning again", flush=True)
+def _request(config: TrainConfig) -> PlanRequest:
+    return PlanRequest(config.global_batch, config.policy, min_batch=config.min_batch)
 
 
 # The settings that shape a plan: a resumed run that changes one plans again.
@@ -243,7 +118,7 @@ def _resumed_plan(
     if changed and not (config.plan or config.profiles) and profiles is not None:
         # Same devices and batch (else `why` would name those): the saved profiles serve.
         agree(comm, lambda: _check_kept_budget(config, saved))
-        return _plan_of(comm, config, profiles), profiles
+        return _request(config).plan(comm, profiles), profiles
     return None
 
 

@@ -411,8 +411,12 @@ def test_evaluation_sums_over_ranks():
 
 
 def test_plan_for_plans_from_given_profiles_the_same_on_every_rank():
-    # A rank three times slower per sample gets fewer samples.
-    profiles = [_profile(0, beta=0.001), _profile(1, beta=0.003, step_times=(0.04, 0.07))]
+    # A rank three times slower per sample gets fewer samples. (Ladders that cover every
+    # share: nothing to re-time.)
+    profiles = [
+        _profile(0, beta=0.001, batch_sizes=(4, 64), step_times=(0.014, 0.074)),
+        _profile(1, beta=0.003, batch_sizes=(4, 64), step_times=(0.022, 0.202)),
+    ]
     model, sample = nn.Linear(4, 2), (torch.randn(2, 4), torch.zeros(2, dtype=torch.long))
 
     def work(comm):
@@ -422,6 +426,37 @@ def test_plan_for_plans_from_given_profiles_the_same_on_every_rank():
 
     plans = _values(run_ranks(2, work, timeout=30))
     assert plans[0] == plans[1] and sum(plans[0]) == 64 and plans[0][0] > plans[0][1]
+
+
+def test_plan_for_times_a_share_outside_the_measured_batches_where_it_falls(monkeypatch):
+    """The trainer's way from profiles to a plan, for a user's loop too: rank 0's share
+    (about 48 of 64) lies beyond its ladder (10, 20) by more than 25%, so it is timed at
+    that share on the real model and the plan made again; rank 1's (about 16) is not."""
+    from lbtrain.profiling import measured_plan
+
+    calls = []
+    retime = measured_plan.retime_profiles
+
+    def counted(comm, model, optimizer, loss_fn, make_batch, profiles, wanted, **kwargs):
+        calls.append((comm.rank, list(wanted)))
+        return retime(comm, model, optimizer, loss_fn, make_batch, profiles, wanted, **kwargs)
+
+    monkeypatch.setattr(measured_plan, "retime_profiles", counted)
+    profiles = [_profile(0, beta=0.001), _profile(1, beta=0.003, step_times=(0.04, 0.07))]
+    sample = (torch.randn(2, 4), torch.zeros(2, dtype=torch.long))
+
+    def work(comm):
+        torch.set_num_threads(1)
+        plan = plan_for(nn.Linear(4, 2), nn.CrossEntropyLoss(), sample, comm, 64,
+                        "proportional", profiles=profiles)  # fmt: skip
+        return plan.batch_sizes
+
+    plans = _values(run_ranks(2, work, timeout=60))
+    assert plans[0] == plans[1] and sum(plans[0]) == 64
+    # Each rank's first round: the same batches asked of both (a collective), rank 0's only.
+    first = [next(w for r, w in calls if r == rank) for rank in (0, 1)]
+    assert first[0] == first[1], calls
+    assert first[0][0] is not None and first[0][0] > 25 and first[0][1] is None, calls
 
 
 @pytest.mark.parametrize(
