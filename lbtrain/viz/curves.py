@@ -173,7 +173,14 @@ def _time_panel(axis: Any, epochs: list[dict[str, Any]]) -> None:
             markersize=10,
             label="predicted step",
         )
-    _top_room(axis, measured + predicted)
+    # The prediction corrected by the epochs measured before each (from the second epoch;
+    # the first is the plan's own), where the run recorded one.
+    later = [r for r in epochs if r.get("epoch", 0) > 1]
+    cx, corrected = _series(later, "forecast_step_seconds", 1e3)
+    if corrected:
+        axis.plot(cx, corrected, linestyle=":", marker=".", markersize=4,
+                  label="corrected prediction")  # fmt: skip
+    _top_room(axis, measured + predicted + corrected)
 
 
 def _idle_panel(axis: Any, epochs: list[dict[str, Any]]) -> None:

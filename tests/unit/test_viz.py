@@ -491,3 +491,28 @@ def test_a_lone_rank_traces_its_control_step_as_compute_as_its_records_count_it(
         assert spans == {"compute": (0.0, 1.5), "sync": (1.5, 2.0), "optimizer": (2.0, 2.5)}
     else:
         assert spans["compute"] == (0.0, 1.0) and spans["wait"] == (1.0, 1.5)
+
+
+def test_the_time_panel_draws_the_corrected_prediction_from_the_second_epoch():
+    import matplotlib.pyplot as plt
+
+    records = run_records()
+    for record in records:
+        if record.get("type") == "epoch":
+            record["forecast_step_seconds"] = 0.001 * (100 + record["epoch"])
+    figure, _ = draw_curves(records)
+    try:
+        (panel,) = [axis for axis in figure.axes if axis.get_title() == "time per step"]
+        (line,) = [line for line in panel.get_lines() if line.get_label() == "corrected prediction"]
+        epochs = [r["epoch"] for r in records if r.get("type") == "epoch"]
+        assert list(line.get_xdata()) == epochs[1:]
+        assert list(line.get_ydata()) == pytest.approx([100 + e for e in epochs[1:]])
+    finally:
+        plt.close(figure)
+    # Runs from before the figure: no such line.
+    figure, _ = draw_curves(run_records())
+    try:
+        labels = [line.get_label() for axis in figure.axes for line in axis.get_lines()]
+        assert "corrected prediction" not in labels
+    finally:
+        plt.close(figure)
