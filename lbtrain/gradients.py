@@ -122,14 +122,21 @@ class GradientSync:
     would make on all B samples. Dividing by the world size instead (DDP, Horovod, the
     static-balancing paper) over-weights replicas with small batches.
 
-    Two ways to drive it:
+    Three ways to drive it:
 
     * after backward, `sync(weight)`: scale and reduce every bucket (what `sync_gradients`
       does);
     * around backward, for overlap: `begin(weight)` before forward (zeroes the buckets and
       arms the hooks), backward (each bucket's non-blocking allreduce starts once all its
       gradients are in), then `wait()` before the optimizer step. `launch()` starts the
-      buckets still waiting, e.g. before another collective.
+      buckets still waiting, e.g. before another collective;
+    * from backward itself, as `BalancedDataParallel` does: the user's loop zeroes the
+      gradients its own way, so when backward starts through the wrapper's outputs it calls
+      `arm(weight)` (keep what `.grad` holds: accumulation), or `stash()` then `arm` (a sum
+      already synced stays out of the next), `reweigh` (a weight known only then: a loss
+      over a count the user gives), `flush_ready()` before each collective inside the model
+      (synchronised BatchNorm), and `launch()` and `wait()` from its end-of-backward
+      callback.
 
     Every rank must start the same buckets in the same order, so a bucket starts only after
     every bucket before it: a parameter without a gradient this step holds a rank back until

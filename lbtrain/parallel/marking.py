@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Protocol
 
 import torch
@@ -21,12 +22,20 @@ class _ScaleGrad(torch.autograd.Function):
     def forward(
         ctx: Any, tensor: torch.Tensor, factor: float | None, owner: Owner, token: int
     ) -> torch.Tensor:
-        ctx.factor, ctx.owner, ctx.token = factor, owner, token
+        # A weak reference, as DDP's _DDPSink holds its reducer: outputs (or a loss) kept
+        # past the wrapper's life must not keep the wrapper, its buckets and model alive.
+        ctx.factor, ctx.owner, ctx.token = factor, weakref.ref(owner), token
         return tensor.view_as(tensor)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        factor = ctx.owner._backward_started(ctx.token, ctx.factor)
+        owner = ctx.owner()
+        if owner is None:
+            raise RuntimeError(
+                "backward through outputs of a BalancedDataParallel that no longer exists: "
+                "keep the wrapper alive until the backward of its outputs"
+            )
+        factor = owner._backward_started(ctx.token, ctx.factor)
         if factor == 0:
             # A rank with no samples: exact zeros, even where the mean over none is NaN.
             return torch.zeros_like(grad), None, None, None

@@ -519,3 +519,22 @@ def test_the_ddp_hook_state_wants_a_balanced_loader():
 
     with pytest.raises(ValueError, match="is not a BalancedLoader"):
         WeightedHookState(DataLoader(_toy()))
+
+
+def test_outputs_kept_past_the_wrapper_do_not_keep_it_alive():
+    """As DDP's _DDPSink holds its reducer weakly: a loss kept for logging must not keep the
+    wrapper, its buckets and model alive; a backward through it then says why."""
+    import gc
+    import weakref
+
+    data = TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    loader = balanced_loader(_plan([8]), data, rank=0)
+    model = BalancedDataParallel(nn.Linear(4, 2), SingleProcessCommunicator(), loader)
+    inputs, targets = next(iter(loader))
+    loss = nn.functional.cross_entropy(model(inputs), targets)
+    alive = weakref.ref(model)
+    del model
+    gc.collect()
+    assert alive() is None
+    with pytest.raises(RuntimeError, match="BalancedDataParallel that no longer exists"):
+        loss.backward()
