@@ -106,3 +106,32 @@ def test_a_reader_that_leaves_ends_the_command_quietly():
     _, stderr = process.communicate(timeout=120)
     assert stderr == ""  # no traceback, no "error: [Errno 32] Broken pipe"
     assert process.returncode == 141  # as a shell reports `yes | head`
+
+
+def test_a_short_training_runs_through_every_documented_way_in(tmp_path):
+    """`lbtrain`, `python -m lbtrain` and `python -m lbtrain.cli.main` each train and end
+    with status 0 and the run's summary: the last once trained and then failed with a
+    NameError, its `__main__` guard above the helpers it calls at the end (issue 39). The
+    three start together, so the test takes about one run's time."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    train = ["train", "--workload", "tests.fixtures.faulty:plugin", "--global-batch", "40",
+             "--threads", "1", "--time-budget", "0.3", "--quiet", "--epochs", "1",
+             "--curves", "off", "--devices", "cpu"]  # fmt: skip
+    ways = {
+        "lbtrain": lbtrain_command(),
+        "python -m lbtrain": [sys.executable, "-m", "lbtrain"],
+        "python -m lbtrain.cli.main": [sys.executable, "-m", "lbtrain.cli.main"],
+    }
+    folders = {way: tmp_path / way.replace(" ", "_") for way in ways}
+    with ThreadPoolExecutor(len(ways)) as pool:
+        runs = {
+            way: pool.submit(_run, [*command, *train, "--out", str(folders[way])])
+            for way, command in ways.items()
+        }
+        results = {way: run.result() for way, run in runs.items()}
+    for way, result in results.items():
+        assert result.returncode == 0, (way, result.stderr[-2000:])
+        summary = json.loads((folders[way] / "summary.json").read_text())
+        assert summary["epochs_run"] == 1, way
