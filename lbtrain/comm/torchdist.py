@@ -7,8 +7,8 @@ theirs. CUDA buffers get NCCL when every rank is on a GPU; in a CPU+GPU mix they
 gloo. The choice is made once the devices are known (`use_device`), and agreed by all ranks,
 so no collective ever has ranks on two transports.
 
-NCCL and CUDA buffers are unproven on real hardware here (the development machine has no
-GPU): CPU stand-ins cover the staged path, nothing covers NCCL itself.
+A CUDA rank beside CPU ranks (gloo) has run on real GPUs (BENCHMARKS.md); NCCL, with every
+rank on a GPU, has not: CPU stand-ins cover the staged path, nothing covers NCCL itself.
 """
 
 from __future__ import annotations
