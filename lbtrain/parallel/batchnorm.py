@@ -146,10 +146,11 @@ class SyncBatchNorm(_BatchNorm):
             self.before_collective()
         assert self.comm is not None
         self.comm.allreduce_sum_(buffer)
+        summed = buffer[: len(head)].tolist()  # one read from the device
+        # After the read: an NCCL allreduce returns once queued, and its wait ends here.
         if self.after_collective is not None:
             self.after_collective()
         size = self.comm.size
-        summed = buffer[: len(head)].tolist()  # one read from the device
         # Every rank holds the same sums: if they all carry this rank's tags, the sums are
         # size * tag and size * tag^2, and then all tags are equal (sum of (t - own)^2 = 0);
         # otherwise every rank fails one test and raises the same line.
@@ -324,15 +325,17 @@ def timed_as_synchronised(model: nn.Module, enabled: bool = True) -> Iterator[nn
     finally:
         for layer, settings in kept:
             (layer.comm, layer.alone_as_synchronised, layer.before_collective,
-             layer.after_collective, layer.stamp) = settings  # fmt: skip
+             layer.after_collective, layer.stamp, layer._forwards) = settings  # fmt: skip
         for parent, name, child in swapped:
             child.train(parent.get_submodule(name).training)
             parent.add_module(name, child)
 
 
 def _settings(layer: SyncBatchNorm) -> tuple[Any, ...]:
+    # `_forwards` too: without the wrapper it is the stamp of the layer's next collective,
+    # and ranks take different numbers of profiling steps.
     return (layer.comm, layer.alone_as_synchronised, layer.before_collective,
-            layer.after_collective, layer.stamp)  # fmt: skip
+            layer.after_collective, layer.stamp, layer._forwards)  # fmt: skip
 
 
 def _convert(module: nn.Module) -> nn.Module:
@@ -346,8 +349,10 @@ def _convert(module: nn.Module) -> nn.Module:
         layer.running_mean, layer.running_var = module.running_mean, module.running_var
         layer.num_batches_tracked = module.num_batches_tracked
         layer.train(module.training)
-        for key, hook in module._forward_pre_hooks.items():  # e.g. spectral norm, pruning
-            layer._forward_pre_hooks[key] = hook
+        # Its hooks too (spectral norm, pruning, a user's): the same model, synchronised.
+        for name in ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                     "_forward_hooks_with_kwargs", "_forward_hooks_always_called"):  # fmt: skip
+            getattr(layer, name).update(getattr(module, name, {}))
         return layer
     for name, child in module.named_children():
         new = _convert(child)

@@ -67,10 +67,9 @@ def plan_for(
 
     Every rank times training steps of its own model on its own device (a ladder of batch
     sizes made from `sample`), the ranks share what they measured and the sync time of the
-    model's gradients, and every rank gets the same plan; a share that falls outside the
-    batches a rank measured is timed where it falls and the plan made again, as
-    `lbtrain train` does (`lbtrain.profiling.measured_plan`). The model and optimizer are
-    left as found.
+    model's gradients, and every rank gets the same plan; a share outside the batches a rank
+    measured is timed where it falls and the plan made again, as `lbtrain train` does
+    (`lbtrain.profiling.measured_plan`). The model and optimizer are left as found.
 
     Args:
         model: the model, on this rank's device, the same on every rank.
@@ -85,7 +84,8 @@ def plan_for(
         min_batch: smallest share a rank may get (0 lets `cost` idle a rank it cannot use).
         time_budget: seconds each rank spends profiling and re-timing, about.
         slowdown: emulated slowdown of this rank (a testing aid; 1 = none).
-        profiles: earlier profiles (`lbtrain.load_profiles`) to plan from instead of measuring.
+        profiles: earlier profiles (`lbtrain.load_profiles`) to plan from instead of
+            profiling; a share outside them is still timed where it falls.
         sync_batchnorm: as passed to `BalancedDataParallel`: its BatchNorm collectives join
             the measured sync time.
 

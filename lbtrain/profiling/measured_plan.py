@@ -51,9 +51,10 @@ RETIME_ROUNDS = 3
 def ladder_config(
     global_batch: int, world_size: int, time_budget: float, seed: int = 0
 ) -> ProfileConfig:
-    """The ladder each rank climbs: from r/8 (at most 4) to 2r, r = B/P, in `LADDER_SHARE`
-    of the budget. Rungs from r/8 up: a slow rank whose budget affords only the first
-    rungs still gets a span wide enough to tell its fixed cost from its per-sample one."""
+    """The ladder each rank climbs: from min(4, r) to max(16, 2r), r = B/P, in
+    `LADDER_SHARE` of the budget. Small first rungs: a slow rank whose budget affords only
+    the first rungs still gets a span wide enough to tell its fixed cost from its
+    per-sample one."""
     reference = max(1, global_batch // world_size)
     return ProfileConfig(
         min_batch=min(4, reference),
@@ -182,8 +183,10 @@ def measure_and_plan(
     profiles = list(profiles)
     plan = request.plan(comm, profiles)
     for round_index in range(RETIME_ROUNDS):
+        # A share of 1 is not timed: one sample cannot train plain BatchNorm, and a point
+        # at 1 lies a short step below any ladder (whose rungs start at min(4, B/P)).
         wanted = [
-            b if outside_measured(p, b) else None
+            b if b >= 2 and outside_measured(p, b) else None
             for p, b in zip(profiles, plan.batch_sizes, strict=True)
         ]
         # The first round always runs (a few steps at batches training will run anyway);

@@ -140,6 +140,7 @@ class EpochRecord:
             slowdown=slowdown,
             batch_sizes=batch_sizes,
             ranks=[],
+            correction=1.0,  # the other world's epochs say nothing of this one's steps
         )
 
 
@@ -204,6 +205,11 @@ class Totals:
             self.first_loss = record.loss
         if not (record.steps and record.predicted_seconds > 0):
             return
+        if record.epoch >= 1:
+            predicted = record.predicted_step_seconds
+            self.errors.append(abs(record.step_seconds - predicted) / predicted)
+        if record.carried_steps:  # begun on another world size: no figure of this one
+            return
         pair = (record.seconds, record.predicted_seconds)
         if record.batch_sizes != self.calibrated_batches:  # another plan: start afresh
             self.calibration.clear()
@@ -213,8 +219,6 @@ class Totals:
         if record.epoch == 0:
             self.first_calibration = pair
             return
-        predicted = record.predicted_step_seconds
-        self.errors.append(abs(record.step_seconds - predicted) / predicted)
         forecast = record.forecast_step_seconds
         self.forecast_errors.append(abs(record.step_seconds - forecast) / forecast)
         self.calibration.append(pair)

@@ -162,8 +162,10 @@ class CollectiveWaits:
     Args:
         now: the clock, in seconds.
         synchronize: waits for the device before the collective is timed (a CUDA rank: its
-            queued kernels are compute; the layer reads the collective's result on the host,
-            so the device is idle once it returns).
+            queued kernels are compute, not waiting). The layer reads the collective's
+            result on the host before `after_collective`, so an NCCL allreduce, queued when
+            it returns, has finished by then. One device sync a collective on a CUDA rank
+            with synchronised BatchNorm, which the host read after it pays anyway.
     """
 
     def __init__(

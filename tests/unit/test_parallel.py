@@ -459,6 +459,23 @@ def test_plan_for_times_a_share_outside_the_measured_batches_where_it_falls(monk
     assert first[0][0] is not None and first[0][0] > 25 and first[0][1] is None, calls
 
 
+def test_plan_for_does_not_time_a_share_of_one_sample():
+    """Rank 0, re-timed on the real (tiny) model, looks so fast that the next plan gives
+    rank 1 one sample of 64: one sample cannot train plain BatchNorm, so re-timing leaves a
+    share of 1 alone (it once failed there, where training would not)."""
+    profiles = [_profile(0, beta=0.001), _profile(1, beta=0.003, step_times=(0.04, 0.07))]
+    sample = (torch.randn(2, 4), torch.zeros(2, dtype=torch.long))
+
+    def work(comm):
+        torch.set_num_threads(1)
+        model = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3), nn.Linear(3, 2))
+        return plan_for(model, nn.CrossEntropyLoss(), sample, comm, 64, "proportional",
+                        profiles=profiles).batch_sizes  # fmt: skip
+
+    plans = _values(run_ranks(2, work, timeout=60))
+    assert plans[0] == plans[1] and sum(plans[0]) == 64, plans
+
+
 @pytest.mark.parametrize(
     ("name", "values"),
     [("global_batch", (64, 32)), ("policy", ("proportional", "equal")), ("min_batch", (0, 2))],

@@ -224,10 +224,18 @@ def test_timed_as_synchronised_computes_what_batchnorm_computes_and_restores_a_c
     torch.manual_seed(0)
     plain = nn.Sequential(nn.BatchNorm2d(3)).double()
     converted = convert_sync_batchnorm(copy.deepcopy(plain), SingleProcessCommunicator())
-    converted[0].stamp = 7
+    converted[0].stamp, converted[0]._forwards = 7, 5
     x = torch.randn(4, 3, 5, 5, dtype=torch.float64)
-    with timed_as_synchronised(converted), timed_as_synchronised(copy.deepcopy(plain)) as other:
+    seen = []
+    hooked = copy.deepcopy(plain)
+    hooked[0].register_forward_hook(lambda module, args, output: seen.append(type(module)))
+    with timed_as_synchronised(converted), timed_as_synchronised(hooked) as other:
         assert type(other[0]) is SyncBatchNorm and converted[0].alone_as_synchronised
         assert torch.allclose(other(x), plain(x), atol=1e-12)
         assert torch.allclose(other[0].running_var, plain[0].running_var, atol=1e-12)
-    assert not converted[0].alone_as_synchronised and converted[0].stamp == 7
+        converted.train()(x)
+    # The stand-in ran the layer's hooks; the converted layer got back its own settings
+    # (its call count is the stamp of its next collective without the wrapper).
+    assert seen == [SyncBatchNorm]
+    assert not converted[0].alone_as_synchronised
+    assert (converted[0].stamp, converted[0]._forwards) == (7, 5)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import statistics
 
@@ -182,6 +183,14 @@ def test_the_prediction_is_corrected_by_the_epochs_measured_before_each():
                            batch_sizes=[30, 34], correction=1.0))  # fmt: skip
     assert totals.correction([30, 34]) == pytest.approx(1.5)
     assert totals.correction([40, 24]) == 1.0
+    # An epoch taken up by another world size: its prediction uncorrected, and its figures
+    # (partly the other world's) correct nothing.
+    carried = EpochRecord(
+        epoch=6, steps=10, seconds=3.0, predicted_seconds=1.0, batch_sizes=[30, 34], correction=1.5
+    ).job_wide([20, 20, 24], 1.0)
+    assert carried.correction == 1.0
+    totals.add(dataclasses.replace(carried, steps=20, seconds=4.0, predicted_seconds=2.0))
+    assert totals.correction([20, 20, 24]) == 1.0 and totals.correction([30, 34]) == 1.5
 
 
 def test_the_summary_says_the_corrected_prediction_beside_the_plans():
