@@ -126,6 +126,23 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
+def _fits(try_step: Callable[[int], None], size: int, cleanup: Callable[[], None] | None) -> bool:
+    """Whether one step at `size` runs without running out of memory."""
+    failed = False
+    try:
+        try_step(size)
+    except (RuntimeError, torch.OutOfMemoryError) as exc:
+        if not is_out_of_memory(exc):
+            raise
+        failed = True
+    # Outside the except block: the traceback no longer pins the failed step's tensors.
+    if failed:
+        gc.collect()
+        if cleanup is not None:
+            cleanup()
+    return not failed
+
+
 def probe_cap(
     try_step: Callable[[int], None],
     start: int,
@@ -161,19 +178,7 @@ def probe_cap(
         return predicted_time(size) <= time_left()
 
     def fits(size: int) -> bool:
-        failed = False
-        try:
-            try_step(size)
-        except (RuntimeError, torch.OutOfMemoryError) as exc:
-            if not is_out_of_memory(exc):
-                raise
-            failed = True
-        # Outside the except block: the traceback no longer pins the failed step's tensors.
-        if failed:
-            gc.collect()
-            if cleanup is not None:
-                cleanup()
-        return not failed
+        return _fits(try_step, size, cleanup)
 
     good, bad = start, None
     size = start * 2

@@ -22,7 +22,7 @@ from torch import nn
 from lbtrain.comm import Communicator
 from lbtrain.devices import device_name, node_layout
 from lbtrain.emulation import Slowdown, rank_cpu_time
-from lbtrain.profiling.fit import fit_step_time
+from lbtrain.profiling.fit import LinearFit, fit_step_time
 from lbtrain.profiling.memory import (
     MEMORY_SAFETY,
     CapResult,
@@ -33,7 +33,7 @@ from lbtrain.profiling.memory import (
 )
 from lbtrain.profiling.record import ReplicaProfile, utc_now
 from lbtrain.profiling.state import TrainingState
-from lbtrain.profiling.steps import LossFn, MakeBatch, resolve_device, step_sandbox
+from lbtrain.profiling.steps import LossFn, MakeBatch, StepTimer, resolve_device, step_sandbox
 from lbtrain.profiling.sync import time_sync
 
 __all__ = ["ProfileConfig", "TrainingState", "profile_all", "profile_replica"]
@@ -163,113 +163,96 @@ def profile_replica(
     """Measure how fast this replica trains the workload; leaves model and optimizer as found.
 
     Args:
-        model: the model, already on `device`.
-        optimizer: the optimizer over the model's parameters.
-        loss_fn: loss on (outputs, targets), mean-reduced.
-        make_batch: `make_batch(b, device)` returns synthetic (inputs, targets) of b samples.
-        device: the replica's device; default the device of the model's first parameter.
-        config: ladder, repeats, warm-up and time budget; default ProfileConfig().
-        rank: this replica's rank, recorded in the profile.
-        workload: workload name, recorded in the profile.
+        model, optimizer: the model (on `device`) and the optimizer over its parameters.
+        loss_fn, make_batch: the mean-reduced loss on (outputs, targets); `make_batch(b,
+            device)` returns synthetic (inputs, targets) of b samples.
+        device, config: the replica's device (default the model's first parameter's); the
+            ladder, repeats, warm-up and time budget (default ProfileConfig()).
+        rank, workload, host: recorded in the profile (host: default this machine's).
         slowdown: emulated slowdown applied after each timed step, as training applies it.
-        timer: clock in seconds; injectable for deterministic tests.
-        cpu_timer: CPU seconds of this rank (`rank_cpu_time`), used by the emulated slowdown on CPU
-            devices (see `Slowdown.step`); None to use `timer` alone, as with a fake clock.
-        memory_share: this rank's share of the node's RAM (1 / ranks on the node).
-        available_memory: returns the node's available RAM in bytes.
-        host: host name to record; default this machine's.
+        timer, cpu_timer: the clock in seconds (injectable for tests), and this rank's CPU
+            seconds (`rank_cpu_time`) for the emulated slowdown on CPU devices, or None.
+        memory_share, available_memory: this rank's share of the node's RAM (1 / ranks on
+            the node), and a function giving the node's available RAM in bytes.
         sync_batchnorm: time BatchNorm layers as synchronised BatchNorm computes them on
             several ranks (its own arithmetic, with one-rank collectives).
-
-    Returns:
-        The ReplicaProfile.
     """
     config = config or ProfileConfig()
     slowdown = slowdown or Slowdown(1.0)
     device = resolve_device(model, device)
     started_at, start = utc_now(), timer()
-
-    def elapsed() -> float:
-        return timer() - start
-
     with step_sandbox(
-        model,
-        optimizer,
-        loss_fn,
-        make_batch,
-        device=device,
-        seed=config.seed,
-        slowdown=slowdown,
-        timer=timer,
-        cpu_timer=cpu_timer,
-        sync_batchnorm=sync_batchnorm,
-    ) as steps:
-        ladder = config.ladder()
-        for _ in range(config.warmup):
-            steps.train_step(ladder[0])
-        # On CUDA the OOM probe needs time too; hold back part of the budget for it.
-        reserve = 0.3 if device.type == "cuda" and config.memory_cap else 0.0
-        sizes, times, rounds = _time_ladder(
-            ladder,
-            config,
-            steps.timed_step,
-            elapsed,
-            budget=config.time_budget * (1.0 - reserve),
-            tail=config.memory_cap and device.type != "cuda",
-        )
-        steps.clear()
+        model, optimizer, loss_fn, make_batch, device=device, seed=config.seed,
+        slowdown=slowdown, timer=timer, cpu_timer=cpu_timer, sync_batchnorm=sync_batchnorm,
+    ) as steps:  # fmt: skip
+        sizes, times, rounds = _climb(steps, config, device, lambda: timer() - start)
         fit = fit_step_time(sizes, times)
-        cap = CapResult(None, "disabled")
-        per_sample = None
-        if config.memory_cap:
-            # Saved activations grow linearly in b, so the two smallest rungs tell the
-            # bytes per sample as well as any pair, at a fraction of the time.
-            per_sample = memory_per_sample(
-                model,
-                loss_fn,
-                lambda b: make_batch(b, device),
-                sizes[0],
-                sizes[1] if len(sizes) > 1 else 2 * sizes[0],
-            )
-            cap = _memory_cap(
-                device,
-                config,
-                per_sample,
-                fixed=_fixed_bytes(model, optimizer),
-                share=memory_share,
-                available_memory=available_memory,
-                try_step=steps.train_step,
-                start=sizes[-1],
-                time_left=lambda: config.time_budget - elapsed(),
-                # The timed steps include the emulated sleep, so the fitted line already is
-                # a slowed rank's step time: no second slowdown factor. (Probe steps do not
-                # sleep; forecasting the slowed time stops an emulated rank where a device
-                # that much slower would stop.)
-                predicted_time=lambda b: fit.alpha + fit.beta * b,
-            )
+        per_sample, cap = _memory(
+            steps, model, optimizer, loss_fn, make_batch, device, config, sizes, fit,
+            memory_share, available_memory, lambda: config.time_budget - timer() + start,
+        )  # fmt: skip
     return ReplicaProfile(
-        rank=rank,
-        host=host or socket.gethostname(),
-        device=str(device),
-        device_kind=device.type,
-        device_name=device_name(device),
-        threads=torch.get_num_threads(),
-        workload=workload,
-        batch_sizes=tuple(sizes),
-        step_times=tuple(times),
-        alpha=fit.alpha,
-        beta=fit.beta,
-        r_squared=fit.r_squared,
-        cap=cap.cap,
-        cap_source=cap.source,
-        memory_per_sample=per_sample,
-        slowdown=float(slowdown.factor),
-        repeats=rounds,
-        started_at=started_at,
-        finished_at=utc_now(),
-        reference_batch=config.reference_batch,
+        rank=rank, host=host or socket.gethostname(), device=str(device),
+        device_kind=device.type, device_name=device_name(device),
+        threads=torch.get_num_threads(), workload=workload, batch_sizes=tuple(sizes),
+        step_times=tuple(times), alpha=fit.alpha, beta=fit.beta, r_squared=fit.r_squared,
+        cap=cap.cap, cap_source=cap.source, memory_per_sample=per_sample,
+        slowdown=float(slowdown.factor), repeats=rounds, started_at=started_at,
+        finished_at=utc_now(), reference_batch=config.reference_batch,
         fit_relative_error=fit.relative_error,
-    )
+    )  # fmt: skip
+
+
+def _climb(
+    steps: StepTimer, config: ProfileConfig, device: torch.device, elapsed: Callable[[], float]
+) -> tuple[list[int], list[float], int]:
+    """Warm up, then time the ladder's affordable rungs (`_time_ladder`)."""
+    ladder = config.ladder()
+    for _ in range(config.warmup):
+        steps.train_step(ladder[0])
+    # On CUDA the OOM probe needs time too; hold back part of the budget for it.
+    reserve = 0.3 if device.type == "cuda" and config.memory_cap else 0.0
+    measured = _time_ladder(
+        ladder, config, steps.timed_step, elapsed, budget=config.time_budget * (1.0 - reserve),
+        tail=config.memory_cap and device.type != "cuda",
+    )  # fmt: skip
+    steps.clear()
+    return measured
+
+
+def _memory(
+    steps: StepTimer,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: LossFn,
+    make_batch: MakeBatch,
+    device: torch.device,
+    config: ProfileConfig,
+    sizes: list[int],
+    fit: LinearFit,
+    memory_share: float,
+    available_memory: Callable[[], int],
+    time_left: Callable[[], float],
+) -> tuple[float | None, CapResult]:
+    """Bytes a sample and the largest batch that fits (`_memory_cap`), unless disabled."""
+    if not config.memory_cap:
+        return None, CapResult(None, "disabled")
+    # Saved activations grow linearly in b, so the two smallest rungs tell the bytes per
+    # sample as well as any pair, at a fraction of the time.
+    per_sample = memory_per_sample(
+        model, loss_fn, lambda b: make_batch(b, device), sizes[0],
+        sizes[1] if len(sizes) > 1 else 2 * sizes[0],
+    )  # fmt: skip
+    cap = _memory_cap(
+        device, config, per_sample, fixed=_fixed_bytes(model, optimizer), share=memory_share,
+        available_memory=available_memory, try_step=steps.train_step, start=sizes[-1],
+        time_left=time_left,
+        # The timed steps include the emulated sleep, so the fitted line already is a slowed
+        # rank's step time: no second slowdown factor. (Probe steps do not sleep; forecasting
+        # the slowed time stops an emulated rank where a device that much slower would stop.)
+        predicted_time=lambda b: fit.alpha + fit.beta * b,
+    )  # fmt: skip
+    return per_sample, cap
 
 
 def _time_ladder(

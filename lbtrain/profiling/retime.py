@@ -111,13 +111,7 @@ def retime_profiles(
     Returns:
         The updated profiles, the same on every rank, in rank order.
     """
-    if len(profiles) != comm.size or len(batch_sizes) != comm.size:
-        raise ValueError(
-            f"need one profile and one batch size per rank ({comm.size}), got "
-            f"{len(profiles)} and {len(batch_sizes)}"
-        )
-    if [p.rank for p in profiles] != list(range(comm.size)):
-        raise ValueError(f"profiles must be in rank order, got ranks {[p.rank for p in profiles]}")
+    _check_ranks(comm.size, profiles, batch_sizes)
     config = config or ProfileConfig()
     profile = profiles[comm.rank]
     batch = int(batch_sizes[comm.rank] or 0)
@@ -126,17 +120,22 @@ def retime_profiles(
     if batch > 0:
         device = resolve_device(model, device)
         with step_sandbox(
-            model,
-            optimizer,
-            loss_fn,
-            make_batch,
-            device=device,
-            seed=config.seed,
-            slowdown=slowdown,
-            timer=timer,
-            cpu_timer=cpu_timer,
+            model, optimizer, loss_fn, make_batch, device=device, seed=config.seed,
+            slowdown=slowdown, timer=timer, cpu_timer=cpu_timer,
             sync_batchnorm=sync_batchnorm and comm.size > 1,
-        ) as steps:
+        ) as steps:  # fmt: skip
             seconds = steps.median_time(batch, config.repeats)
         profile = add_measurement(profile, batch, seconds, config.repeats)
     return [ReplicaProfile.from_dict(entry) for entry in comm.allgather(profile.to_dict())]
+
+
+def _check_ranks(
+    size: int, profiles: Sequence[ReplicaProfile], batch_sizes: Sequence[int | None]
+) -> None:
+    if len(profiles) != size or len(batch_sizes) != size:
+        raise ValueError(
+            f"need one profile and one batch size per rank ({size}), got "
+            f"{len(profiles)} and {len(batch_sizes)}"
+        )
+    if [p.rank for p in profiles] != list(range(size)):
+        raise ValueError(f"profiles must be in rank order, got ranks {[p.rank for p in profiles]}")

@@ -13,9 +13,9 @@ _spec.loader.exec_module(function_lengths)  # type: ignore[union-attr]
 
 
 def test_no_function_in_the_trainer_is_over_60_lines(tmp_path):
-    # The trainer, and the one way from profiling to a plan (issue 39; the rest of lbtrain/
-    # is still to split).
-    checked = [REPO / "lbtrain" / "trainer", REPO / "lbtrain" / "profiling" / "measured_plan.py",
+    # The trainer, profiling and the one way from it to a plan (issue 39; the rest of
+    # lbtrain/ is still to split).
+    checked = [REPO / "lbtrain" / "trainer", REPO / "lbtrain" / "profiling",
                REPO / "lbtrain" / "parallel" / "planning.py"]  # fmt: skip
     assert function_lengths.long_functions(checked, 60) == []
     # The check can fail: a 61-line function is found.
