@@ -7,11 +7,10 @@ them into flag names.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -22,9 +21,11 @@ from lbtrain.devices import DeviceAssignment, assign_devices
 from lbtrain.emulation import Slowdown, slowdown_for_rank
 from lbtrain.logs import logger
 from lbtrain.outputs import writing
-from lbtrain.profiling import ProfileConfig, ReplicaProfile, load_profiles, profile_all
-from lbtrain.profiling.record import describe_model
+from lbtrain.profiling import ProfileConfig, ReplicaProfile, load_profiles
 from lbtrain.workloads import Workload, get_plugin
+
+if TYPE_CHECKING:
+    from lbtrain.profiling.measured_plan import StepSource
 
 __all__ = [
     "write_on_root",
@@ -216,26 +217,34 @@ def profile_workload(
         sync_batchnorm: training will synchronise BatchNorm (its collectives join the sync
             time).
     """
-    device = replica.device
-    model = workload.build_model().to(device)
-    optimizer = (build_optimizer or workload.build_optimizer)(model.parameters())
-    profiles = profile_all(
-        comm,
-        model,
-        optimizer,
-        workload.loss_fn,
-        workload.make_batch,
-        device=device,
-        config=config,
-        slowdown=replica.slowdown,
+    steps = workload_steps(replica, workload, build_optimizer, seed=config.seed,
+                           sync_batchnorm=sync_batchnorm)  # fmt: skip
+    return steps.profile(comm, config)
+
+
+def workload_steps(
+    replica: Replica,
+    workload: Workload,
+    build_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer] | None = None,
+    *,
+    seed: int = 0,
+    sync_batchnorm: bool = True,
+) -> StepSource:
+    """What this rank times of `workload`: its real model on the rank's device, with the
+    optimizer training will use (default the workload's), named in the profiles with its
+    sample shape, so that training can refuse them for another model."""
+    from lbtrain.profiling.measured_plan import StepSource  # it plans through `agree`, here
+
+    def make_model() -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = workload.build_model().to(replica.device)
+        return model, (build_optimizer or workload.build_optimizer)(model.parameters())
+
+    return StepSource(
+        make_model, workload.loss_fn, workload.make_batch, replica.device,
+        slowdown=replica.slowdown, seed=seed, sync_batchnorm=sync_batchnorm,
+        sample_shape=tuple(workload.sample_shape), host=replica.assignment.host,
         workload=workload.name,
-        host=replica.assignment.host,
-        memory_share=1.0 / replica.assignment.local_size,
-        sync_batchnorm=sync_batchnorm,
-    )
-    # What was timed, so that training can refuse these profiles for another model.
-    model_name, shape = describe_model(model), tuple(workload.sample_shape)
-    return [dataclasses.replace(p, model=model_name, sample_shape=shape) for p in profiles]
+    )  # fmt: skip
 
 
 def load_profiles_collective(

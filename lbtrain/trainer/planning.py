@@ -16,9 +16,15 @@ import torch
 from lbtrain.balancer import BalancePlan, idle_ranks_note, min_batch_note, subset_note
 from lbtrain.comm import Communicator
 from lbtrain.profiling import ReplicaProfile
-from lbtrain.profiling.measured_plan import PlanRequest, StepSource, measure_and_plan
+from lbtrain.profiling.measured_plan import PlanRequest, measure_and_plan
 from lbtrain.profiling.record import describe_model
-from lbtrain.session import Replica, agree, load_profiles_collective, root_value
+from lbtrain.session import (
+    Replica,
+    agree,
+    load_profiles_collective,
+    root_value,
+    workload_steps,
+)
 from lbtrain.text import device_label, plural
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.workloads import Workload
@@ -49,18 +55,8 @@ def make_plan(
         profiles = load_profiles_collective(comm, config.profiles, world_size=comm.size)
         agree(comm, lambda: check_profiled(profiles, workload, config.profiles))
         agree(comm, lambda: check_profiled_ranks(profiles, devices, config.profiles))
-
-    def make_model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        model = workload.build_model().to(replica.device)
-        return model, make_optimizer(model.parameters())
-
-    steps = StepSource(
-        make_model, workload.loss_fn, workload.make_batch, replica.device,
-        slowdown=replica.slowdown, seed=config.seed,
-        sync_batchnorm=config.sync_batchnorm == "on",
-        sample_shape=tuple(workload.sample_shape), host=replica.assignment.host,
-        workload=workload.name,
-    )  # fmt: skip
+    steps = workload_steps(replica, workload, make_optimizer, seed=config.seed,
+                           sync_batchnorm=config.sync_batchnorm == "on")  # fmt: skip
     quiet = config.quiet or comm.rank != 0
     return measure_and_plan(
         comm, steps, _request(config), config.time_budget, profiles,

@@ -173,12 +173,13 @@ def test_an_ensemble_checkpoint_from_before_its_batches_option_resumes_with_shar
 def test_a_global_batch_above_the_training_set_is_refused_before_profiling(
     tmp_path, capsys, monkeypatch
 ):
-    import lbtrain.session as session
+    # Every profile is taken there (the trainer, `lbtrain profile`, balance-report, plan_for).
+    from lbtrain.profiling import measured_plan
 
     def must_not_profile(*args, **kwargs):
         raise AssertionError("profiled a batch larger than the training set")
 
-    monkeypatch.setattr(session, "profile_all", must_not_profile)
+    monkeypatch.setattr(measured_plan, "profile_all", must_not_profile)
     for batch in ("201", str(10**30)):  # the task has 200 training samples
         code, _, err = _train(capsys, "--global-batch", batch, "--out", str(tmp_path / "p"))
         _one_error(code, err, f"--global-batch {batch}", "200 training samples", "at most 200")

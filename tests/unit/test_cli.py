@@ -183,12 +183,13 @@ def test_bad_profiling_options_fail_before_profiling(argv, needles, capsys, tmp_
     ],
 )
 def test_unwritable_outputs_fail_before_profiling(argv, needles, capsys, monkeypatch, tmp_path):
-    import lbtrain.session as session
+    # Every profile is taken there (the trainer, `lbtrain profile`, balance-report, plan_for).
+    from lbtrain.profiling import measured_plan
 
     def must_not_profile(*args, **kwargs):
         raise AssertionError("profiled although the output cannot be written")
 
-    monkeypatch.setattr(session, "profile_all", must_not_profile)
+    monkeypatch.setattr(measured_plan, "profile_all", must_not_profile)
     missing = tmp_path / "no-such-folder"
     (tmp_path / "file").write_text("")
     names = {"missing": missing, "long": tmp_path / ("x" * 300), "file": tmp_path / "file"}
