@@ -271,7 +271,7 @@ def _counted_work(args: argparse.Namespace, profiles: list[Any]) -> tuple[Any, M
             verb = "describes" if len(options) == 1 else "describe"
             raise ValueError(f"{flags} {verb} a model to count: add --count-flops, or drop {flags}")
         return None, None
-    from lbtrain.trainer.planning import check_profiled
+    from lbtrain.trainer.initial_plan import check_profiled
     from lbtrain.whatif.work import count_work  # imports torch's flop counter
 
     plugin = get_plugin(spec)

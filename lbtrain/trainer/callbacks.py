@@ -74,7 +74,11 @@ class ProgressCallback(Callback):
 
 
 class ReplanCallback(Callback):
-    """At each epoch's end, rank 0's re-planning decision, from what every rank measured."""
+    """At each epoch's end, rank 0's re-planning decision, from what every rank measured.
+
+    Its checkpointed memory holds for the plan it was measured under: a run resumed under
+    another plan or on another number of ranks starts the re-planner afresh.
+    """
 
     order = 20
     key = "replanner"
@@ -82,6 +86,17 @@ class ReplanCallback(Callback):
     def __init__(self, replanner: Replanner, say: Callable[[str], None]) -> None:
         self.replanner = replanner
         self.say = say
+        self._plan: dict[str, Any] | None = None  # the plan in force, as checkpoints hold it
+        self._saved: dict[str, Any] | None = None  # a checkpoint's memory, until fit starts
+
+    def on_fit_start(self, engine: Engine) -> None:
+        self._plan = engine.loader.plan.to_dict()
+        saved, self._saved = self._saved, None
+        if saved is None or saved.get("plan") is None:  # none, or older than the plan kept
+            return
+        # A plan names its ranks' batches: the same plan is also the same number of ranks.
+        if BalancePlan.from_dict(saved["plan"]).to_dict() == self._plan:
+            self.replanner.load_state_dict(saved["memory"])
 
     def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
         # Also after the last epoch: a run extended later (--resume --epochs more) then
@@ -103,28 +118,30 @@ class ReplanCallback(Callback):
                 + (" (the last epoch: the plan for epochs a resume adds)" if last else "")
             )
         engine.loader.set_plan(BalancePlan.from_dict(chosen))
+        self._plan = engine.loader.plan.to_dict()
 
     def state_dict(self) -> dict[str, Any]:
-        return self.replanner.state_dict()
+        return {"memory": self.replanner.state_dict(), "plan": self._plan}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.replanner.load_state_dict(state)
+        # Kept until fit starts, where the plan it holds for can be compared.
+        self._saved = state
 
 
 class MetricsCallback(Callback):
-    """Streams each epoch's record (and every logged entry) to `write`, on rank 0."""
+    """Streams each epoch's record (and every logged entry) to `write`, which only rank 0's
+    writes to a file."""
 
     order = 30
 
-    def __init__(self, write: Callable[[dict[str, Any]], None] | None) -> None:
+    def __init__(self, write: Callable[[dict[str, Any]], None]) -> None:
         self.write = write
 
     def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
         engine.log(record.to_metrics())
 
     def on_log(self, engine: Engine, entry: dict[str, Any]) -> None:
-        if self.write is not None:
-            self.write(entry)
+        self.write(entry)
 
 
 class DivergenceGuard(Callback):
@@ -199,27 +216,36 @@ class DivergenceGuard(Callback):
 
 
 class EvaluateCallback(Callback):
-    """Evaluates every `every` epochs before the last (the last is the job's final one)."""
+    """Evaluates every `every` epochs, and once more when training ends with every epoch
+    run (`final`); collective, as `evaluate` is."""
 
     order = 50
     key = "evaluations"
 
     def __init__(
         self,
-        evaluate: Callable[[], dict[str, Any]],
+        evaluate: Callable[[Engine], dict[str, Any]],
         every: int,
         headline: tuple[str, ...],
         say: Callable[[str], None],
     ) -> None:
         self.evaluate, self.every, self.headline, self.say = evaluate, every, headline, say
         self.evaluations: list[dict[str, Any]] = []
+        self.final: dict[str, Any] | None = None  # all the metrics of the last evaluation
 
     def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
         epoch = record.epoch + 1
+        # The last epoch's evaluation is the final one, at the fit's end.
         if self.every and epoch % self.every == 0 and not engine.state.finished:
-            self.add(engine, epoch, self.evaluate())
+            self._add(engine, epoch, self.evaluate(engine))
 
-    def add(self, engine: Engine, epoch: int, metrics: dict[str, Any]) -> None:
+    def on_fit_end(self, engine: Engine) -> None:
+        # Also a run resumed with every epoch done: it evaluates only. Not a stopped run.
+        if not engine.state.stop_code:
+            self.final = self.evaluate(engine)
+            self._add(engine, engine.state.epochs, self.final)
+
+    def _add(self, engine: Engine, epoch: int, metrics: dict[str, Any]) -> None:
         """Keep (and log) one evaluation's headline figures."""
         shown = {name: metrics[name] for name in self.headline if name in metrics}
         self.evaluations.append({"epoch": epoch, **shown})

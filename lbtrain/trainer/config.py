@@ -199,7 +199,7 @@ class TrainConfig:
                 "already fixes the batches: drop the profiles file"
             )
         # A plan's own policy and smallest batch are checked against it once it is read
-        # (lbtrain.trainer.planning); a time budget beside it is harmless: nothing is profiled.
+        # (lbtrain.trainer.initial_plan); a time budget beside it is harmless: nothing is profiled.
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from lbtrain.balancer import BalancePlan
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.devices import synchronize
@@ -38,7 +39,7 @@ from lbtrain.session import CollectiveError
 from lbtrain.text import plural
 from lbtrain.trainer.control import Control
 from lbtrain.trainer.records import EpochRecord, Totals
-from lbtrain.trainer.replan import predicted_steps
+from lbtrain.trainer.replanner import predicted_steps
 from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.timing import (
     CollectiveWaits,
@@ -172,13 +173,10 @@ class Engine:
         )
         self._timed: list[StepTimes | PendingTimes] = []  # this epoch's, not yet counted
 
-    def add_callbacks(self, callbacks: Iterable[Callback]) -> None:
-        """Add callbacks; the engine keeps them in the order of their `order`."""
-        self.callbacks = sorted([*self.callbacks, *callbacks], key=lambda c: c.order)
-
-    def callback(self, kind: type[Callback]) -> Callback | None:
-        """The first callback of this type, if any."""
-        return next((c for c in self.callbacks if isinstance(c, kind)), None)
+    @property
+    def plan(self) -> BalancePlan:
+        """The plan in force (re-planning may switch it between epochs)."""
+        return self.loader.plan
 
     def close(self) -> None:
         """Let every callback release what it holds."""

@@ -8,28 +8,31 @@ with 130 or 143 (lbtrain/trainer/signals.py); once training started, with a chec
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lbtrain.comm import Communicator
 from lbtrain.denormals import as_before, flushing_threads
-from lbtrain.evaluation import evaluate, predict
-from lbtrain.outputs import atomic_write_text
-from lbtrain.text import plural
-from lbtrain.trainer.callbacks import CheckpointCallback, EvaluateCallback
+from lbtrain.evaluation import predict
+from lbtrain.trainer.build import Run, build_run
 from lbtrain.trainer.config import TrainConfig
-from lbtrain.trainer.engine import Callback, Engine, StepTimer
-from lbtrain.trainer.outputs_stream import draw_curves, end_record, open_metrics
+from lbtrain.trainer.engine import Callback, StepTimer
 from lbtrain.trainer.resume import resumed_from
 from lbtrain.trainer.run_folder import discard_reserved
-from lbtrain.trainer.setup import Setup, build_engine, set_up
+from lbtrain.trainer.run_outputs import (
+    RunOutputs,
+    draw_curves,
+    end_record,
+    open_run,
+    write_outputs,
+)
+from lbtrain.trainer.setup import Setup, set_up
 from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.summary import build_summary, format_summary, rank_totals
-from lbtrain.workloads import ArtifactContext
 
 __all__ = ["TrainResult", "train"]
 
@@ -70,16 +73,16 @@ def train(
     with stop.installed(), as_before():
         try:
             setup = set_up(config, comm)
-            engine = build_engine(setup, stop, callbacks, timer)
         except BaseException:
             discard_reserved()  # the default folder, made early, if no run started in it
             raise
-        with open_metrics(setup, engine) as stream:
-            state = engine.fit()
-            if state.stop_code:
-                return _stopped(setup, engine)
-            result = _finish(setup, engine, stream)
-            return result
+        with open_run(setup) as outputs:
+            run = build_run(setup, outputs, stop, callbacks, timer)
+            with closing(run.engine):  # the callbacks' files, once the outputs are written
+                state = run.engine.fit()
+                if state.stop_code:
+                    return _stopped(setup, run)
+                return _finish(setup, run, outputs)
 
 
 def _import_what_torch_imports_late() -> None:
@@ -93,10 +96,10 @@ def _import_what_torch_imports_late() -> None:
     import torch._dynamo  # noqa: F401
 
 
-def _stopped(setup: Setup, engine: Engine) -> TrainResult:
+def _stopped(setup: Setup, run: Run) -> TrainResult:
+    engine = run.engine
     state, comm = engine.state, engine.comm
-    saver = engine.callback(CheckpointCallback)
-    saved = saver.path if isinstance(saver, CheckpointCallback) else None
+    saved = run.checkpoints.path
     saved = comm.bcast(str(saved) if saved else None, root=0)
     engine.log(
         {
@@ -124,24 +127,12 @@ def _stopped(setup: Setup, engine: Engine) -> TrainResult:
     return TrainResult(setup.out, None, None, state.stop_code, Path(saved) if saved else None)
 
 
-def _finish(setup: Setup, engine: Engine, stream: Any) -> TrainResult:
-    """The final evaluation, predictions, summary and outputs, after the last epoch."""
-    comm, workload, config = engine.comm, setup.workload, setup.config
-    plan = engine.loader.plan  # re-planning may have switched it
-    evaluator = workload.get_evaluator()
-    metrics = evaluate(
-        engine.model,
-        workload.eval_set,
-        evaluator,
-        comm,
-        plan.weights,
-        device=engine.device,
-        batch_size=config.eval_batch,
-        collate_fn=workload.collate_fn,
-    )
-    evaluations = engine.callback(EvaluateCallback)
-    assert isinstance(evaluations, EvaluateCallback)
-    evaluations.add(engine, config.epochs, metrics)
+def _finish(setup: Setup, run: Run, outputs: RunOutputs) -> TrainResult:
+    """Predictions, the summary and the outputs, after the last epoch and its evaluation."""
+    engine, workload, config = run.engine, setup.workload, setup.config
+    comm, plan = engine.comm, engine.plan
+    metrics = run.evaluations.final
+    assert metrics is not None  # a fit that was not stopped ends with its evaluation
     predictions = None
     if workload.predict_set is not None and workload.artifacts is not None:
         predictions = predict(
@@ -156,6 +147,7 @@ def _finish(setup: Setup, engine: Engine, stream: Any) -> TrainResult:
         )
     # Each rank's emulated slowdown as the run ended: --emulate-change may have moved it.
     last = comm.allgather(setup.slowdown_at(max(config.epochs - 1, 0)).factor)
+    evaluations = run.evaluations.evaluations
     summary = build_summary(
         plan=plan,
         devices=[
@@ -164,34 +156,18 @@ def _finish(setup: Setup, engine: Engine, stream: Any) -> TrainResult:
         ],
         totals=engine.state.totals,
         ranks_totals=rank_totals(comm, engine.state.totals),
-        evaluations=evaluations.evaluations,
-        metrics={k: v for k, v in evaluations.evaluations[-1].items() if k != "epoch"},
+        evaluations=evaluations,
+        metrics={k: v for k, v in evaluations[-1].items() if k != "epoch"},
         **setup.seconds_so_far(),  # all sessions', when resumed, as train_seconds are
         resumed_from=resumed_from(setup.checkpoint),
         # Read on each rank's training thread as the run ends: still in force, or not.
         flushing=comm.allgather(flushing_threads()),
     )
-    setup.on_root(lambda: _write_outputs(setup, plan, metrics, summary, predictions))
+    setup.on_root(lambda: write_outputs(setup, plan, metrics, summary, predictions))
     # After the outputs: the end line and summary.json say the run finished, so a stop while
     # the map or curves were drawn must leave neither.
-    stream.write(end_record(summary["wall_seconds"]))
-    saver = engine.callback(CheckpointCallback)
-    final = saver.path if isinstance(saver, CheckpointCallback) else None
+    outputs.write(end_record(summary["wall_seconds"]))
     if comm.rank == 0:
-        print(format_summary(summary, evaluator.headline, setup.out), flush=True)
+        print(format_summary(summary, workload.get_evaluator().headline, setup.out), flush=True)
     comm.barrier()
-    return TrainResult(setup.out, metrics, summary, 0, final)
-
-
-def _write_outputs(
-    setup: Setup, plan: Any, metrics: dict[str, Any], summary: dict[str, Any], predictions: Any
-) -> None:
-    out, workload = setup.out, setup.workload
-    atomic_write_text(out / "plan.json", plan.to_json() + "\n")  # the plan in force now
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-    title = f"{workload.name}, {plural(setup.comm.size, 'rank')}, policy {plan.policy}"
-    if setup.config.curves == "on":
-        draw_curves(out, title)
-    if workload.artifacts is not None:
-        workload.artifacts(ArtifactContext(out, metrics, predictions, title))
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2) + "\n")  # the last
+    return TrainResult(setup.out, metrics, summary, 0, run.checkpoints.path)

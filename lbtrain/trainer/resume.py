@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from lbtrain.data.sampler import steps_per_epoch
 from lbtrain.text import plural
-from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
+from lbtrain.trainer.checkpoint import FORMAT, find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.data_check import same_value
-from lbtrain.trainer.state import FORMAT
 from lbtrain.workloads import Workload
 
 if TYPE_CHECKING:

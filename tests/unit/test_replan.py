@@ -6,13 +6,13 @@ import pytest
 
 from lbtrain.balancer import BalancePlan, CommCost, ReplicaSpeed, plan_batches
 from lbtrain.emulation import Slowdown, factor_at, parse_slowdown_changes, slowdown_schedule
-from lbtrain.trainer.replan import (
+from lbtrain.trainer.replanner import (
+    Replanner,
     predicted_steps,
     propose,
     refreshed,
     rescaled_replicas,
 )
-from lbtrain.trainer.replanner import Replanner
 
 SPEEDS = [ReplicaSpeed(1000.0, alpha=0.001), ReplicaSpeed(250.0, alpha=0.004)]
 
@@ -237,3 +237,30 @@ def test_a_replanner_restored_from_its_state_decides_the_same():
         change = forgetful.observe(mid, _epoch(mid, speeds(epoch), jitter(epoch)))
         mid = change.plan if change is not None else mid
     assert first + later != whole
+
+
+def test_the_replan_callback_keeps_its_memory_only_under_the_plan_it_was_measured_under():
+    """A checkpoint's re-planner memory belongs to the plan it measured: a resume under the
+    same plan keeps it, another plan (or another number of ranks) starts afresh, and a
+    checkpoint from before the plan was kept with it is ignored."""
+    from types import SimpleNamespace
+
+    from lbtrain.trainer.callbacks import ReplanCallback
+
+    plan = plan_batches(SPEEDS, 100, "cost")
+    other = plan_batches([ReplicaSpeed(1.0), ReplicaSpeed(1.0), ReplicaSpeed(1.0)], 100, "cost")
+    measuring = ReplanCallback(Replanner(), lambda line: None)
+    measuring.on_fit_start(SimpleNamespace(loader=SimpleNamespace(plan=plan)))
+    measuring.replanner.observe(plan, measured(plan, [1.0, 1.0]))
+    saved = measuring.state_dict()
+    assert saved["memory"]["segment"] and saved["plan"] == plan.to_dict()
+
+    def resumed(state, under):
+        callback = ReplanCallback(Replanner(), lambda line: None)
+        callback.load_state_dict(state)
+        callback.on_fit_start(SimpleNamespace(loader=SimpleNamespace(plan=under)))
+        return callback.replanner.segment
+
+    assert resumed(saved, plan) == saved["memory"]["segment"]
+    assert resumed(saved, other) == []
+    assert resumed(saved["memory"], plan) == []  # the memory alone: no plan to hold it to

@@ -58,7 +58,7 @@ def test_config_rejects_bad_values_by_name(change, needle):
 
 def test_a_plan_refuses_another_policy_or_a_batch_below_min_batch_beside_it():
     from lbtrain.balancer import BalancePlan
-    from lbtrain.trainer.planning import _check_plan
+    from lbtrain.trainer.initial_plan import _check_plan
 
     plan = BalancePlan("cost", 8, (8, 0), (2.0, 1.0))
     with pytest.raises(ValueError, match="made by the cost policy.*not policy='equal'"):

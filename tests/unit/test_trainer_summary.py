@@ -125,7 +125,7 @@ def test_an_epoch_taken_up_by_another_world_keeps_the_jobs_sums_and_measures_its
 def test_a_resume_on_other_threads_or_hosts_says_what_moved(capsys):
     from lbtrain import SingleProcessCommunicator, plan_batches
     from lbtrain.trainer import TrainConfig
-    from lbtrain.trainer.planning import _resumed_plan
+    from lbtrain.trainer.initial_plan import _resumed_plan
 
     device = {"device": "cpu", "host": "a", "threads": 1, "slowdown": 1.0}
     checkpoint = {

@@ -1,4 +1,4 @@
-"""Where a run's plan comes from: a checkpoint on the same ranks, a plan file, or profiling.
+"""The plan a run starts with: a checkpoint's on the same ranks, a plan file's, or one measured.
 
 Every function here is collective: all ranks call it and get the same plan.
 """
