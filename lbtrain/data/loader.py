@@ -157,30 +157,8 @@ def balanced_loader(
         ...         optimizer.step()
     """
     seed = whole("seed", seed)
-    if isinstance(ranks, BalancePlan):
-        plan = ranks
-        if global_batch_size is not None and global_batch_size != plan.global_batch_size:
-            raise ValueError(
-                f"global_batch_size={global_batch_size} disagrees with the plan's "
-                f"{plan.global_batch_size}; pass None or the plan's value"
-            )
-    else:
-        if global_batch_size is None:
-            raise ValueError("global_batch_size is required when ranks is not a BalancePlan")
-        plan = plan_batches(ranks, global_batch_size, policy, caps=caps)
-    if isinstance(dataset, IterableDataset):
-        raise TypeError(
-            f"dataset of type {type(dataset).__name__} is an IterableDataset; balanced_loader "
-            "needs a map-style dataset (one with __getitem__ and __len__), whose samples it "
-            "can share out by index"
-        )
-    try:
-        num_samples = len(dataset)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise TypeError(
-            f"dataset of type {type(dataset).__name__} has no len(); balanced_loader needs a "
-            "map-style dataset"
-        ) from exc
+    plan = _loader_plan(ranks, global_batch_size, policy, caps)
+    num_samples = _map_style_length(dataset)
     sampler = BalancedBatchSampler(
         num_samples, plan, rank, shuffle=shuffle, seed=seed, drop_last=drop_last
     )
@@ -194,3 +172,39 @@ def balanced_loader(
         # that would shift every dropout mask after it, and so change a resumed run.
         generator=torch.Generator().manual_seed(seed % 2**64),
     )
+
+
+def _loader_plan(
+    ranks: BalancePlan | Sequence[object],
+    global_batch_size: int | None,
+    policy: str,
+    caps: Sequence[int | None] | None,
+) -> BalancePlan:
+    """The plan `ranks` is, checked against global_batch_size, or the one made from them."""
+    if not isinstance(ranks, BalancePlan):
+        if global_batch_size is None:
+            raise ValueError("global_batch_size is required when ranks is not a BalancePlan")
+        return plan_batches(ranks, global_batch_size, policy, caps=caps)
+    if global_batch_size is not None and global_batch_size != ranks.global_batch_size:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} disagrees with the plan's "
+            f"{ranks.global_batch_size}; pass None or the plan's value"
+        )
+    return ranks
+
+
+def _map_style_length(dataset: Dataset) -> int:
+    """len(dataset), refusing a dataset whose samples cannot be shared out by index."""
+    if isinstance(dataset, IterableDataset):
+        raise TypeError(
+            f"dataset of type {type(dataset).__name__} is an IterableDataset; balanced_loader "
+            "needs a map-style dataset (one with __getitem__ and __len__), whose samples it "
+            "can share out by index"
+        )
+    try:
+        return len(dataset)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise TypeError(
+            f"dataset of type {type(dataset).__name__} has no len(); balanced_loader needs a "
+            "map-style dataset"
+        ) from exc
