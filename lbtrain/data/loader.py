@@ -21,7 +21,7 @@ class BalancedLoader(DataLoader):
 
     Iterate it like any DataLoader. While iterating, `weight` holds the current step's
     b_i / B_step, the factor to pass to `sync_gradients` (`step_weights` lists them all);
-    `samples` and `global_samples` hold b_i and B_step themselves, `batches` counts the
+    `samples` and `global_samples` hold b_i and B_step themselves, `batches_served` counts
     batches handed out since the loader was made, and `epoch` and `step` place the latest
     one in its epoch (`BalancedDataParallel` reads them all).
 
@@ -38,7 +38,7 @@ class BalancedLoader(DataLoader):
         self.weight: float = batch_sampler.step_weights[0]
         self.samples: int = 0
         self.global_samples: int = 0
-        self.batches: int = 0
+        self.batches_served: int = 0
         self.step: int = 0  # the handed-out batch's step in its epoch
         self.epoch: int = 0  # and that epoch
         self._empty_batch: Any = None
@@ -88,7 +88,7 @@ class BalancedLoader(DataLoader):
         self.weight = samples / global_samples
         self.samples, self.global_samples = samples, global_samples
         self.epoch, self.step = epoch, step
-        self.batches += 1
+        self.batches_served += 1
 
     def empty_batch(self) -> Any:
         """A batch of zero samples with the shapes and types of a real one."""

@@ -172,7 +172,7 @@ class BalancedDataParallel(nn.Module):
         # through forward and backward like the others, so that it joins each of them.
         self._graph_on_empty = bool(layers)
         self._require_sync = True
-        self._counted = loader.batches  # the loader batch last added to the window
+        self._counted = loader.batches_served  # the loader batch last added to the window
         self.weights = StepWeights(comm, loader, weighting, loss_reduction)
         self._open: int | None = None  # the loader batch whose sync is armed and not done
         self._launched = False  # the current backward's end is queued
@@ -313,11 +313,11 @@ class BalancedDataParallel(nn.Module):
     def _count_batch(self) -> None:
         """Add the loader's current batch to the window since the last sync, once."""
         loader = self.loader
-        if loader.batches == self._counted:
+        if loader.batches_served == self._counted:
             if self._open is None and self._batches == 0:
                 # Its step is synced (or none was drawn): the weights come from the loader's
                 # batch, so another training forward would add gradients weighted 0.
-                raise RuntimeError(no_new_batch(self.comm.rank, loader.batches))
+                raise RuntimeError(no_new_batch(self.comm.rank, loader.batches_served))
             return
         if self._open is not None:
             raise RuntimeError(
@@ -334,7 +334,7 @@ class BalancedDataParallel(nn.Module):
                 # An accumulating micro-batch: backward adds straight into the buckets. (A
                 # synced batch gets the same from `_arm`, which GradientSync.arm does.)
                 self.gradients.adopt_grads()
-        self._counted = loader.batches
+        self._counted = loader.batches_served
         self._batches += 1
         self.weights.add_batch()
 
@@ -379,7 +379,7 @@ class BalancedDataParallel(nn.Module):
 
     def _arm_if_skipped(self) -> None:
         """A batch this rank neither ran forward on nor synced yet: open its step now."""
-        if self._open is None and self.loader.batches != self._counted:
+        if self._open is None and self.loader.batches_served != self._counted:
             if self._graph_on_empty:
                 raise RuntimeError(
                     f"rank {self.comm.rank} skipped the forward of a batch: with synchronised "

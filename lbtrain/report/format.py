@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from lbtrain.report.model import BalanceReport, PolicyResult, rank_rows
+from lbtrain.report.build import BalanceReport, PolicyResult, rank_rows
 from lbtrain.text import markdown_table, text_table
 
 __all__ = ["FORMATS", "format_report"]
