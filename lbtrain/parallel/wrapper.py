@@ -22,7 +22,6 @@ from torch.utils.data import Dataset
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.evaluation import Evaluator, evaluate
-from lbtrain.gradients import GradientSync
 from lbtrain.parallel.batchnorm import (
     convert_sync_batchnorm,
     sync_batchnorm_layers,
@@ -35,6 +34,7 @@ from lbtrain.parallel.checks import (
     second_backward,
     shared_autograd_thread,
 )
+from lbtrain.parallel.gradients import GradientSync
 from lbtrain.parallel.layout import broadcast_tensors, check_same_model, copy_buffers
 from lbtrain.parallel.marking import mark
 from lbtrain.parallel.weights import StepWeights
