@@ -47,7 +47,7 @@ def _worker(steps: int, batch: int) -> None:
 
     from hyperspectral.models import build_model
     from lbtrain import world_communicator
-    from lbtrain.gradients import GradientSync
+    from lbtrain.parallel.gradients import GradientSync
 
     torch.set_num_threads(1)
     comm = world_communicator()

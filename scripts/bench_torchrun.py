@@ -52,7 +52,7 @@ def _sync_worker(rounds: int) -> None:
     from hyperspectral.models import build_model
     from lbtrain import sync_gradients, world_communicator
     from lbtrain.comm import TorchDistCommunicator
-    from lbtrain.gradients import GradientSync
+    from lbtrain.parallel.gradients import GradientSync
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -41,7 +41,7 @@ def _worker(rounds: int, batch: int) -> None:
 
     from hyperspectral.models import build_model
     from lbtrain import BalancedDataParallel, balanced_loader, world_communicator
-    from lbtrain.gradients import GradientSync
+    from lbtrain.parallel.gradients import GradientSync
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

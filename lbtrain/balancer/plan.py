@@ -226,13 +226,30 @@ def plan_batches(
     if len(ranks) == 0:
         raise ValueError("ranks is empty: pass one throughput or profile per replica")
     replicas = [as_replica_speed(entry, i) for i, entry in enumerate(ranks)]
-    count = len(replicas)
+    floor = min_batch if policy == "cost" else max(1, min_batch)
+    _check_global_batch(global_batch_size, len(replicas), floor, min_batch, policy)
+    replicas = _merge_caps(replicas, caps)
+    upper = _cap_bounds(replicas, global_batch_size, floor)
+    sizes = _share(policy, replicas, global_batch_size, [floor] * len(replicas), upper)
+    return BalancePlan(
+        policy=policy,
+        global_batch_size=global_batch_size,
+        batch_sizes=tuple(sizes),
+        replicas=tuple(replicas),
+        min_batch=min_batch,
+        comm=comm,
+    )
+
+
+def _check_global_batch(
+    global_batch_size: int, count: int, floor: int, min_batch: int, policy: str
+) -> None:
+    """Refuse a global batch too large to share exactly or too small to give each its floor."""
     if global_batch_size > MAX_GLOBAL_BATCH:
         raise ValueError(
             f"global_batch_size={global_batch_size} is above 2**53 = {MAX_GLOBAL_BATCH:,}, the "
             "largest batch the planner shares exactly; pass a smaller global batch"
         )
-    floor = min_batch if policy == "cost" else max(1, min_batch)
     if global_batch_size < count * floor:
         raise ValueError(
             f"global_batch_size={global_batch_size} is smaller than {count} replicas x "
@@ -245,7 +262,12 @@ def plan_batches(
             + "); "
             f"raise the global batch to at least {count * floor} or use fewer replicas"
         )
-    replicas = _merge_caps(replicas, caps)
+
+
+def _cap_bounds(
+    replicas: Sequence[ReplicaSpeed], global_batch_size: int, floor: int
+) -> list[float]:
+    """Each replica's upper bound (its cap, or inf), checked to hold the floor and together B."""
     upper = [math.inf if r.cap is None else r.cap for r in replicas]
     for i, cap in enumerate(upper):
         if cap < floor:
@@ -258,25 +280,24 @@ def plan_batches(
             f"caps {[r.cap for r in replicas]} hold at most {int(sum(upper))} samples, fewer "
             f"than global_batch_size={global_batch_size}; lower the global batch or add replicas"
         )
-    lower = [floor] * count
+    return upper
 
+
+def _share(
+    policy: str,
+    replicas: Sequence[ReplicaSpeed],
+    total: int,
+    lower: Sequence[int],
+    upper: Sequence[float],
+) -> list[int]:
+    """The integer batch sizes `policy` gives, between `lower` and `upper`, summing to total."""
     if policy == "cost":
-        sizes = cost_sizes(replicas, global_batch_size, lower, upper)
-    else:
-        speeds = [1.0] * count if policy == "equal" else [r.throughput for r in replicas]
-        # Proportional sharing is water-filling with no fixed cost: b_i = T * s_i.
-        targets = water_fill(
-            global_batch_size, [0.0] * count, [1 / s for s in speeds], lower, upper
-        )
-        sizes = largest_remainder(targets, global_batch_size, lower, upper, tie_break=speeds)
-    return BalancePlan(
-        policy=policy,
-        global_batch_size=global_batch_size,
-        batch_sizes=tuple(sizes),
-        replicas=tuple(replicas),
-        min_batch=min_batch,
-        comm=comm,
-    )
+        return cost_sizes(replicas, total, lower, upper)
+    count = len(replicas)
+    speeds = [1.0] * count if policy == "equal" else [r.throughput for r in replicas]
+    # Proportional sharing is water-filling with no fixed cost: b_i = T * s_i.
+    targets = water_fill(total, [0.0] * count, [1 / s for s in speeds], lower, upper)
+    return largest_remainder(targets, total, lower, upper, tie_break=speeds)
 
 
 def _plain(value: object) -> object:

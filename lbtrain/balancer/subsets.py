@@ -167,14 +167,20 @@ def _compute_bounds(
             else:
                 mover = replicas[heapq.heappop(fill_heap)[1]]
                 slope, offset, filling = slope - 1 / mover.beta, offset - _ratio(mover), filling - 1
-        if not math.isfinite(finish):
-            bounds.append(math.inf)  # these caps cannot hold B
-            continue
-        noise = abs(finish)
-        if filling:
-            noise += (abs(finish) * slope_size + offset_size + total) / slope
-        bounds.append(finish - _BOUND_SLACK * noise)
+        bounds.append(_slackened(finish, total, filling, slope, slope_size, offset_size))
     return bounds
+
+
+def _slackened(
+    finish: float, total: int, filling: int, slope: float, slope_size: float, offset_size: float
+) -> float:
+    """`finish` less the slack for float noise in the running sums (inf: caps cannot hold B)."""
+    if not math.isfinite(finish):
+        return math.inf  # these caps cannot hold B
+    noise = abs(finish)
+    if filling:
+        noise += (abs(finish) * slope_size + offset_size + total) / slope
+    return finish - _BOUND_SLACK * noise
 
 
 def _ratio(replica: ReplicaSpeed) -> float:

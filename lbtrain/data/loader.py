@@ -21,7 +21,7 @@ class BalancedLoader(DataLoader):
 
     Iterate it like any DataLoader. While iterating, `weight` holds the current step's
     b_i / B_step, the factor to pass to `sync_gradients` (`step_weights` lists them all);
-    `samples` and `global_samples` hold b_i and B_step themselves, `batches` counts the
+    `samples` and `global_samples` hold b_i and B_step themselves, `batches_served` counts
     batches handed out since the loader was made, and `epoch` and `step` place the latest
     one in its epoch (`BalancedDataParallel` reads them all).
 
@@ -38,7 +38,7 @@ class BalancedLoader(DataLoader):
         self.weight: float = batch_sampler.step_weights[0]
         self.samples: int = 0
         self.global_samples: int = 0
-        self.batches: int = 0
+        self.batches_served: int = 0
         self.step: int = 0  # the handed-out batch's step in its epoch
         self.epoch: int = 0  # and that epoch
         self._empty_batch: Any = None
@@ -88,7 +88,7 @@ class BalancedLoader(DataLoader):
         self.weight = samples / global_samples
         self.samples, self.global_samples = samples, global_samples
         self.epoch, self.step = epoch, step
-        self.batches += 1
+        self.batches_served += 1
 
     def empty_batch(self) -> Any:
         """A batch of zero samples with the shapes and types of a real one."""
@@ -157,30 +157,8 @@ def balanced_loader(
         ...         optimizer.step()
     """
     seed = whole("seed", seed)
-    if isinstance(ranks, BalancePlan):
-        plan = ranks
-        if global_batch_size is not None and global_batch_size != plan.global_batch_size:
-            raise ValueError(
-                f"global_batch_size={global_batch_size} disagrees with the plan's "
-                f"{plan.global_batch_size}; pass None or the plan's value"
-            )
-    else:
-        if global_batch_size is None:
-            raise ValueError("global_batch_size is required when ranks is not a BalancePlan")
-        plan = plan_batches(ranks, global_batch_size, policy, caps=caps)
-    if isinstance(dataset, IterableDataset):
-        raise TypeError(
-            f"dataset of type {type(dataset).__name__} is an IterableDataset; balanced_loader "
-            "needs a map-style dataset (one with __getitem__ and __len__), whose samples it "
-            "can share out by index"
-        )
-    try:
-        num_samples = len(dataset)  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise TypeError(
-            f"dataset of type {type(dataset).__name__} has no len(); balanced_loader needs a "
-            "map-style dataset"
-        ) from exc
+    plan = _loader_plan(ranks, global_batch_size, policy, caps)
+    num_samples = _map_style_length(dataset)
     sampler = BalancedBatchSampler(
         num_samples, plan, rank, shuffle=shuffle, seed=seed, drop_last=drop_last
     )
@@ -194,3 +172,39 @@ def balanced_loader(
         # that would shift every dropout mask after it, and so change a resumed run.
         generator=torch.Generator().manual_seed(seed % 2**64),
     )
+
+
+def _loader_plan(
+    ranks: BalancePlan | Sequence[object],
+    global_batch_size: int | None,
+    policy: str,
+    caps: Sequence[int | None] | None,
+) -> BalancePlan:
+    """The plan `ranks` is, checked against global_batch_size, or the one made from them."""
+    if not isinstance(ranks, BalancePlan):
+        if global_batch_size is None:
+            raise ValueError("global_batch_size is required when ranks is not a BalancePlan")
+        return plan_batches(ranks, global_batch_size, policy, caps=caps)
+    if global_batch_size is not None and global_batch_size != ranks.global_batch_size:
+        raise ValueError(
+            f"global_batch_size={global_batch_size} disagrees with the plan's "
+            f"{ranks.global_batch_size}; pass None or the plan's value"
+        )
+    return ranks
+
+
+def _map_style_length(dataset: Dataset) -> int:
+    """len(dataset), refusing a dataset whose samples cannot be shared out by index."""
+    if isinstance(dataset, IterableDataset):
+        raise TypeError(
+            f"dataset of type {type(dataset).__name__} is an IterableDataset; balanced_loader "
+            "needs a map-style dataset (one with __getitem__ and __len__), whose samples it "
+            "can share out by index"
+        )
+    try:
+        return len(dataset)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise TypeError(
+            f"dataset of type {type(dataset).__name__} has no len(); balanced_loader needs a "
+            "map-style dataset"
+        ) from exc

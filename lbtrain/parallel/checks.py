@@ -6,8 +6,10 @@ from torch import nn
 
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
+from lbtrain.data.sampler import disagreement, fingerprint
+from lbtrain.session import agree
 
-__all__ = ["LOSS_REDUCTIONS", "WEIGHTINGS", "check_arguments"]
+__all__ = ["LOSS_REDUCTIONS", "WEIGHTINGS", "check_arguments", "check_setup"]
 
 WEIGHTINGS = ("share", "uniform")
 LOSS_REDUCTIONS = ("mean", "sum", "count")
@@ -105,3 +107,22 @@ def check_arguments(
             "'mean' for a loss averaged over the rank's samples, 'sum' for one summed over "
             "them, 'count' for one averaged over units you count (model.set_loss_count(n))"
         )
+
+
+def check_setup(
+    module: nn.Module,
+    comm: Communicator,
+    loader: BalancedLoader,
+    weighting: str,
+    loss_reduction: str,
+) -> None:
+    """The wrapper's checks at construction (collective): a communicator, arguments that
+    are right on every rank, and one sampler setup on all of them."""
+    if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
+        # Before the checks below, which meet the other ranks through it.
+        raise TypeError(
+            f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
+        )
+    agree(comm, lambda: check_arguments(module, comm, loader, weighting, loss_reduction))
+    rows = comm.allgather(fingerprint(loader.batch_sampler))
+    agree(comm, lambda: raise_if(disagreement(rows)), name_rank=False)

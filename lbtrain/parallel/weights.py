@@ -42,7 +42,7 @@ class StepWeights:
 
     def add_batch(self) -> None:
         """The loader's current batch joins the window (a count loss's at its backward)."""
-        batch = self.loader.batches
+        batch = self.loader.batches_served
         for kept in (self._units, self._given):
             for key in [k for k in kept if k < batch]:
                 del kept[key]
@@ -103,7 +103,7 @@ class StepWeights:
             raise ValueError(
                 "set_loss_count: the ranks' counts sum to 0: a loss over no units has no gradient"
             )
-        self._units[self.loader.batches] = (count, total)
+        self._units[self.loader.batches_served] = (count, total)
         return total
 
     def late_factor(self, token: int, synced_now: bool, accumulating: bool) -> float:

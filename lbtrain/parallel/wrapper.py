@@ -21,27 +21,52 @@ from torch.utils.data import Dataset
 
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
-from lbtrain.data.sampler import disagreement, fingerprint
 from lbtrain.evaluation import Evaluator, evaluate
-from lbtrain.gradients import GradientSync
 from lbtrain.parallel.batchnorm import (
     convert_sync_batchnorm,
     sync_batchnorm_layers,
 )
 from lbtrain.parallel.checks import (
     bucket_disagreement,
-    check_arguments,
+    check_setup,
     no_new_batch,
     raise_if,
     second_backward,
     shared_autograd_thread,
 )
+from lbtrain.parallel.gradients import GradientSync
 from lbtrain.parallel.layout import broadcast_tensors, check_same_model, copy_buffers
 from lbtrain.parallel.marking import mark
 from lbtrain.parallel.weights import StepWeights
 from lbtrain.session import agree
 
 __all__ = ["BalancedDataParallel"]
+
+
+def _gradient_sync(
+    module: nn.Module,
+    comm: Communicator,
+    device: torch.device,
+    collective_layers: bool,
+    overlap: bool,
+    bucket_mb: float | None,
+) -> GradientSync:
+    """The model's gradient buckets (collective), checked to be laid out alike on every rank."""
+    if collective_layers and not getattr(comm, "thread_safe", True):
+        # An engine that takes collectives from each rank's own thread only (in-process
+        # ranks): a CUDA rank's gradient hooks run on autograd's device thread, so its
+        # buckets start after backward, where a CPU rank's start during it. With
+        # BatchNorm's collectives inside backward the ranks would meet them in different
+        # orders: buckets after backward on every rank keep one order. (On every rank,
+        # CPU ones too: a backward run from another thread defers buckets alike.)
+        overlap = False
+        places = comm.allgather((socket.gethostname(), os.getpid(), str(device)))
+        agree(comm, lambda: raise_if(shared_autograd_thread(places)), name_rank=False)
+    gradients = GradientSync(module, comm, overlap=overlap, bucket_mb=bucket_mb)
+    # Buckets of other sizes would sum unrelated slices (NaN, or a rank left waiting).
+    layouts = comm.allgather([b.flat.numel() for b in gradients.buckets])
+    agree(comm, lambda: raise_if(bucket_disagreement(layouts)), name_rank=False)
+    return gradients
 
 
 class BalancedDataParallel(nn.Module):
@@ -115,14 +140,7 @@ class BalancedDataParallel(nn.Module):
         loss_reduction: str = "mean",
     ) -> None:
         super().__init__()
-        if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
-            # Before the checks below, which meet the other ranks through it.
-            raise TypeError(
-                f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
-            )
-        agree(comm, lambda: check_arguments(module, comm, loader, weighting, loss_reduction))
-        rows = comm.allgather(fingerprint(loader.batch_sampler))
-        agree(comm, lambda: raise_if(disagreement(rows)), name_rank=False)
+        check_setup(module, comm, loader, weighting, loss_reduction)
         # An engine whose transport depends on the devices (torch.distributed: NCCL only where
         # every rank is on a GPU) picks it now, unless the job already did (the trainer).
         device = next(module.parameters(), torch.empty(0)).device
@@ -141,20 +159,7 @@ class BalancedDataParallel(nn.Module):
         self.weighting = weighting
         self.loss_reduction = loss_reduction
         layers = [layer for _, layer in sync_batchnorm_layers(module)]
-        if layers and not getattr(comm, "thread_safe", True):
-            # An engine that takes collectives from each rank's own thread only (in-process
-            # ranks): a CUDA rank's gradient hooks run on autograd's device thread, so its
-            # buckets start after backward, where a CPU rank's start during it. With
-            # BatchNorm's collectives inside backward the ranks would meet them in different
-            # orders: buckets after backward on every rank keep one order. (On every rank,
-            # CPU ones too: a backward run from another thread defers buckets alike.)
-            overlap = False
-            places = comm.allgather((socket.gethostname(), os.getpid(), str(device)))
-            agree(comm, lambda: raise_if(shared_autograd_thread(places)), name_rank=False)
-        self.gradients = GradientSync(module, comm, overlap=overlap, bucket_mb=bucket_mb)
-        # Buckets of other sizes would sum unrelated slices (NaN, or a rank left waiting).
-        layouts = comm.allgather([b.flat.numel() for b in self.gradients.buckets])
-        agree(comm, lambda: raise_if(bucket_disagreement(layouts)), name_rank=False)
+        self.gradients = _gradient_sync(module, comm, device, bool(layers), overlap, bucket_mb)
         self._layers = layers
         for layer in layers:
             layer.before_collective = self._before_collective
@@ -167,7 +172,7 @@ class BalancedDataParallel(nn.Module):
         # through forward and backward like the others, so that it joins each of them.
         self._graph_on_empty = bool(layers)
         self._require_sync = True
-        self._counted = loader.batches  # the loader batch last added to the window
+        self._counted = loader.batches_served  # the loader batch last added to the window
         self.weights = StepWeights(comm, loader, weighting, loss_reduction)
         self._open: int | None = None  # the loader batch whose sync is armed and not done
         self._launched = False  # the current backward's end is queued
@@ -308,11 +313,11 @@ class BalancedDataParallel(nn.Module):
     def _count_batch(self) -> None:
         """Add the loader's current batch to the window since the last sync, once."""
         loader = self.loader
-        if loader.batches == self._counted:
+        if loader.batches_served == self._counted:
             if self._open is None and self._batches == 0:
                 # Its step is synced (or none was drawn): the weights come from the loader's
                 # batch, so another training forward would add gradients weighted 0.
-                raise RuntimeError(no_new_batch(self.comm.rank, loader.batches))
+                raise RuntimeError(no_new_batch(self.comm.rank, loader.batches_served))
             return
         if self._open is not None:
             raise RuntimeError(
@@ -329,7 +334,7 @@ class BalancedDataParallel(nn.Module):
                 # An accumulating micro-batch: backward adds straight into the buckets. (A
                 # synced batch gets the same from `_arm`, which GradientSync.arm does.)
                 self.gradients.adopt_grads()
-        self._counted = loader.batches
+        self._counted = loader.batches_served
         self._batches += 1
         self.weights.add_batch()
 
@@ -374,7 +379,7 @@ class BalancedDataParallel(nn.Module):
 
     def _arm_if_skipped(self) -> None:
         """A batch this rank neither ran forward on nor synced yet: open its step now."""
-        if self._open is None and self.loader.batches != self._counted:
+        if self._open is None and self.loader.batches_served != self._counted:
             if self._graph_on_empty:
                 raise RuntimeError(
                     f"rank {self.comm.rank} skipped the forward of a batch: with synchronised "

@@ -14,7 +14,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from lbtrain.balancer.network import CommCost
 from lbtrain.comm import Communicator
 from lbtrain.devices import synchronize
-from lbtrain.gradients import DEFAULT_BUCKET_MB, sync_layout
+from lbtrain.parallel.buckets import DEFAULT_BUCKET_MB, sync_layout
 from lbtrain.profiling.record import ReplicaProfile
 
 __all__ = ["CONTROL_FLOATS", "batchnorm_buffers", "comm_cost", "sync_buffers", "time_sync"]

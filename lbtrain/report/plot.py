@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lbtrain.report.model import BalanceReport
+from lbtrain.report.build import BalanceReport
 from lbtrain.viz._deps import save_figure
 
 __all__ = ["plot_report", "require_matplotlib"]

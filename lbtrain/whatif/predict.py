@@ -31,7 +31,7 @@ from typing import Any
 from lbtrain.balancer.rounding import water_fill
 from lbtrain.whatif.cluster import Cluster, Network
 from lbtrain.whatif.devices import DeviceSpec
-from lbtrain.whatif.grouped import grouped_plan
+from lbtrain.whatif.grouped import GroupShare, grouped_plan
 from lbtrain.whatif.network import hierarchical
 
 __all__ = [
@@ -320,7 +320,23 @@ def predict(
         for s, x in zip(models, shares, strict=True)
     ]
     compute = max(slowest)
-    groups = tuple(
+    groups = _group_predictions(cluster, models, shares, slowest, compute)
+    ideal = _ideal_compute(counts, alphas, betas, global_batch, limits)
+    return Prediction(
+        policy, global_batch, groups, compute, float(sync.seconds), str(sync.algorithm),
+        min(ideal, compute),
+    )  # fmt: skip
+
+
+def _group_predictions(
+    cluster: Cluster,
+    models: Sequence[SpeedModel],
+    shares: Sequence[GroupShare],
+    slowest: Sequence[float],
+    compute: float,
+) -> tuple[GroupPrediction, ...]:
+    """Each group's share of the step: its batches, idle devices, compute and wait."""
+    return tuple(
         GroupPrediction(
             g.device.name,
             g.count,
@@ -333,11 +349,6 @@ def predict(
         )
         for g, s, x, t in zip(cluster.groups, models, shares, slowest, strict=True)
     )
-    ideal = _ideal_compute(counts, alphas, betas, global_batch, limits)
-    return Prediction(
-        policy, global_batch, groups, compute, float(sync.seconds), str(sync.algorithm),
-        min(ideal, compute),
-    )  # fmt: skip
 
 
 def _ideal_compute(

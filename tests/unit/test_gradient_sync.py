@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-import lbtrain.gradients as gradients
+import lbtrain.parallel.gradients as gradients
 from lbtrain import SingleProcessCommunicator, sync_gradients
-from lbtrain.gradients import GradientSync, sync_layout
+from lbtrain.parallel.buckets import sync_layout
+from lbtrain.parallel.gradients import GradientSync
 
 
 class Pending:

@@ -12,7 +12,8 @@ from torch.utils.data import TensorDataset
 
 from lbtrain import SingleProcessCommunicator, balanced_loader, sync_gradients
 from lbtrain.comm import run_ranks
-from lbtrain.gradients import GradientSync, gradient_buckets
+from lbtrain.parallel.buckets import gradient_buckets
+from lbtrain.parallel.gradients import GradientSync
 
 
 def make_model(seed: int = 0) -> nn.Module:

@@ -9,7 +9,8 @@ from torch import nn
 
 from lbtrain import SingleProcessCommunicator
 from lbtrain.balancer import CommCost
-from lbtrain.gradients import sync_gradients, sync_layout
+from lbtrain.parallel.buckets import sync_layout
+from lbtrain.parallel.gradients import sync_gradients
 from lbtrain.profiling import comm_cost, time_sync
 from tests.unit.test_profiling import _profile
 

@@ -26,7 +26,7 @@ from lbtrain import balanced_loader, plan_batches, sync_gradients, world_communi
 from lbtrain.balancer import BalancePlan, ReplicaSpeed
 from lbtrain.comm import Communicator
 from lbtrain.data import epoch_schedule
-from lbtrain.gradients import GradientSync
+from lbtrain.parallel.gradients import GradientSync
 from tests.mpi.scripts.comm_ops import check_ops
 
 EPOCHS = 2

@@ -180,15 +180,7 @@ def build_report(
         The BalanceReport. `equal` is always planned, as the baseline of the speedups. The
         notes explain the `cost` plan when it is reported, else the last policy's plan.
     """
-    if isinstance(policies, str):
-        policies = list(POLICIES) if policies == "all" else [policies]
-    for policy in policies:
-        if policy not in POLICIES:
-            raise ValueError(
-                f"policy={policy!r} is unknown; choose one of {', '.join(POLICIES)} or all"
-            )
-    if not policies:
-        raise ValueError("policies is empty; name at least one policy, or all")
+    policies = _named_policies(policies)
     profiles = tuple(profiles)
     if not profiles:
         raise ValueError("no profiles to report on; profile at least one rank")
@@ -221,3 +213,17 @@ def build_report(
         min_batch=min_batch,
         comm=comm,
     )
+
+
+def _named_policies(policies: Sequence[str] | str) -> Sequence[str]:
+    """The policies `policies` names ("all", one name or a list), each checked known."""
+    if isinstance(policies, str):
+        policies = list(POLICIES) if policies == "all" else [policies]
+    for policy in policies:
+        if policy not in POLICIES:
+            raise ValueError(
+                f"policy={policy!r} is unknown; choose one of {', '.join(POLICIES)} or all"
+            )
+    if not policies:
+        raise ValueError("policies is empty; name at least one policy, or all")
+    return policies
