@@ -43,3 +43,42 @@ def test_a_runnable_module_runs_main_after_everything_it_defines(tmp_path):
     early.write_text('def main():\n    return later()\n\nif __name__ == "__main__":\n    main()\n'
                      "\ndef later():\n    return 0\n")  # fmt: skip
     assert _main_guard_not_last(early)
+
+
+def _calls(path: Path, qualname: str) -> set[str]:
+    """The names that function `qualname` (`f` or `Class.f`) of `path` calls."""
+    import ast
+
+    scope: list[ast.stmt] = ast.parse(path.read_text(encoding="utf-8")).body
+    *owners, name = qualname.split(".")
+    for owner in owners:
+        scope = next(n.body for n in scope if isinstance(n, ast.ClassDef) and n.name == owner)
+    function = next(n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name)
+    calls = [n.func for n in ast.walk(function) if isinstance(n, ast.Call)]
+    return {ast.unparse(f) for f in calls} | {
+        getattr(f, "attr", getattr(f, "id", "")) for f in calls
+    }
+
+
+def _frames() -> list[tuple[str, str]]:
+    """(function, module) of each row of docs/design.md's call-frame table."""
+    text = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    table = text.split("### From `lbtrain train` to `optimizer.step()`")[1].split("\n\n")[2]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:]]
+    return [(f.strip().strip("`"), m.strip().strip("`")) for f, m in rows]
+
+
+def test_the_call_frames_design_md_lists_lead_from_the_verb_to_the_optimizer_step():
+    # Issue 39: from `lbtrain train` to optimizer.step() in few frames, each in a module
+    # whose name says what it does. The table must stay true: each frame calls the next.
+    frames = _frames()
+    verb = [f for f, m in frames].index("run")
+    assert frames[verb][1] == "lbtrain/cli/train.py"
+    assert len(frames) - verb - 1 <= 4, frames  # at most four frames below the verb's run
+    assert "args.run" in _calls(REPO / frames[verb - 1][1], frames[verb - 1][0])
+    for (function, module), (callee, _) in zip(frames[verb:], frames[verb + 1 :], strict=False):
+        assert callee.split(".")[-1] in _calls(REPO / module, function), (function, callee)
+    function, module = frames[-1]
+    assert "self.optimizer.step" in _calls(REPO / module, function)
+    # The check can fail: a frame that does not call the next one is found.
+    assert "_step" not in _calls(REPO / "lbtrain/trainer/engine.py", "Engine.fit")
