@@ -60,8 +60,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(USAGE, end="", file=sys.stderr)
             print(f"error: {old} is the older name of {new}: give one of them", file=sys.stderr)
             return 2
-    # Imported here: it imports torch, which `python -m hyperspectral` tunes malloc for first.
-    from lbtrain.cli.main import main as lbtrain_main
+    # Imported here: running it imports torch, which `python -m hyperspectral` tunes malloc
+    # for first.
+    from lbtrain.cli.entry import main as lbtrain_main
 
     try:
         return lbtrain_main(["train", "--workload", "hyperspectral", *translate_argv(argv[1:])])

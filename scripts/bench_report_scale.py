@@ -3,7 +3,7 @@
 Builds a deterministic profiles file of N heterogeneous ranks (GPU-like and CPU-like
 ranks with mixed fixed costs, speeds and caps, plus a few slow ranks whose fixed cost alone
 outlasts the others' step, and a measured sync), then times the report in-process
-(`lbtrain.cli.main.main` with a single-process communicator, its output discarded): the
+(`lbtrain.cli.entry.main` with a single-process communicator, its output discarded): the
 median of `--repeats` runs per N. `--profile` adds a cProfile top 10 of one run.
 
     .venv/bin/python scripts/bench_report_scale.py [--ranks 100,1000] [--profile]
@@ -29,7 +29,7 @@ from pathlib import Path
 # Time this checkout's lbtrain, not whichever one the interpreter has installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lbtrain.cli.main import main as lbtrain_main  # noqa: E402
+from lbtrain.cli.entry import main as lbtrain_main  # noqa: E402
 from lbtrain.comm import SingleProcessCommunicator  # noqa: E402
 from lbtrain.profiling.record import ReplicaProfile, save_profiles  # noqa: E402
 

@@ -30,7 +30,7 @@ from lbtrain.malloc import tune_malloc  # noqa: E402
 
 tune_malloc()  # before torch is imported, as the `lbtrain` command does
 
-from lbtrain.cli.main import main  # noqa: E402
+from lbtrain.cli.entry import main  # noqa: E402
 
 __all__ = ["out_dir", "peak_rss_mib", "run"]
 

@@ -28,7 +28,7 @@ def one_process(tmp_path_factory):
     Once per session: the in-process and the mpiexec exactness tests compare with the same run.
     """
     from lbtrain import SingleProcessCommunicator
-    from lbtrain.cli.main import main
+    from lbtrain.cli.entry import main
     from tests.fixtures.exact_runs import COMMON, trained
 
     out = tmp_path_factory.mktemp("single") / "run"

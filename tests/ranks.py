@@ -13,7 +13,7 @@ import io
 from dataclasses import dataclass
 from unittest import mock
 
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.comm import run_ranks
 from lbtrain.comm.local import current_rank
 
@@ -52,7 +52,7 @@ def lbtrain_ranks(ranks: int, *argv: str, timeout: float = 120) -> Outcome:
     stdout, stderr = io.StringIO(), io.StringIO()
     # Each thread is the rank its launcher variable (PMI_RANK) would name in a real job, so
     # a command-line mistake is printed once, by rank 0, as under mpiexec.
-    as_launched = mock.patch("lbtrain.cli.main.launcher_rank", lambda: current_rank() or 0)
+    as_launched = mock.patch("lbtrain.cli.entry.launcher_rank", lambda: current_rank() or 0)
     no_gpu = mock.patch("torch.cuda.is_available", lambda: False)
     with (
         as_launched,

@@ -22,7 +22,7 @@ from lbtrain.cli.common import (
     write_on_root,
 )
 from lbtrain.comm import Communicator
-from lbtrain.profiling import save_profiles
+from lbtrain.profiling import ReplicaProfile, save_profiles
 from lbtrain.profiling.sync import comm_cost
 from lbtrain.report import FORMATS, build_report, format_report, plot_report, require_matplotlib
 from lbtrain.text import plural
@@ -110,6 +110,38 @@ _PROFILING_ONLY = (
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Load or measure the profiles, then print (and optionally plot) the report on rank 0."""
+    _check_outputs(args, comm)
+    _refuse_flags_beside_profiles(args)
+    profiles = _profiles(args, comm)
+    try:
+        report = agree(
+            comm,
+            lambda: build_report(
+                profiles,
+                args.global_batch,
+                args.policy,
+                min_batch=args.min_batch,
+                comm=comm_cost(profiles),
+            ),
+        )
+    except CollectiveError as exc:
+        raise CollectiveError(_flags(str(exc))) from None
+    if args.save_profiles:
+        write_on_root(
+            comm, "--save-profiles", args.save_profiles,
+            lambda: save_profiles(args.save_profiles, profiles),
+        )  # fmt: skip
+    if comm.rank == 0:
+        print(format_report(report, args.format))
+    if args.plot:
+        path = write_on_root(comm, "--plot", args.plot, lambda: plot_report(report, args.plot))
+        if comm.rank == 0 and args.format != "json":
+            print(f"\nplot written to {path}")
+    return 0
+
+
+def _check_outputs(args: argparse.Namespace, comm: Communicator) -> None:
+    """The plot and the profiles to save can be written: before minutes of profiling."""
     # Only rank 0 writes, so a node without matplotlib elsewhere must not fail the job.
     if args.plot:
         agree(comm, lambda: comm.rank != 0 or require_matplotlib(), name_rank=False)
@@ -120,6 +152,10 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
             lambda: comm.rank != 0 or check_writable(args.save_profiles, "--save-profiles"),
             name_rank=False,
         )
+
+
+def _refuse_flags_beside_profiles(args: argparse.Namespace) -> None:
+    """Flags of profiling now are refused beside --profiles, which they would not change."""
     if args.profiles and args.save_profiles:
         # Nothing is measured to save: a flag that would be silently ignored is refused.
         raise CLIError(
@@ -153,44 +189,22 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
             f"profiles {args.profiles!r} are used as measured: drop {flags}, or profile "
             "again with them (leave --profiles out)"
         )
+
+
+def _profiles(args: argparse.Namespace, comm: Communicator) -> list[ReplicaProfile]:
+    """The profiles of --profiles, else measured now on every rank."""
     if args.profiles:
-        profiles = load_profiles_collective(comm, args.profiles)
-    else:
-        # Before minutes of profiling: equal and proportional give every rank at least one
-        # sample, and at least --min-batch.
-        floor = max(1, args.min_batch) if args.policy != "cost" else args.min_batch
-        if comm.size * floor > args.global_batch:
-            raise CLIError(
-                f"--min-batch {args.min_batch} on {plural(comm.size, 'rank')} needs --global-batch "
-                f">= {comm.size * floor} (policy {args.policy}), not {args.global_batch}; "
-                "lower --min-batch or raise --global-batch"
-            )
-        profiles = run_profiling(args, comm)
-    try:
-        report = agree(
-            comm,
-            lambda: build_report(
-                profiles,
-                args.global_batch,
-                args.policy,
-                min_batch=args.min_batch,
-                comm=comm_cost(profiles),
-            ),
+        return load_profiles_collective(comm, args.profiles)
+    # Before minutes of profiling: equal and proportional give every rank at least one
+    # sample, and at least --min-batch.
+    floor = max(1, args.min_batch) if args.policy != "cost" else args.min_batch
+    if comm.size * floor > args.global_batch:
+        raise CLIError(
+            f"--min-batch {args.min_batch} on {plural(comm.size, 'rank')} needs --global-batch "
+            f">= {comm.size * floor} (policy {args.policy}), not {args.global_batch}; "
+            "lower --min-batch or raise --global-batch"
         )
-    except CollectiveError as exc:
-        raise CollectiveError(_flags(str(exc))) from None
-    if args.save_profiles:
-        write_on_root(
-            comm, "--save-profiles", args.save_profiles,
-            lambda: save_profiles(args.save_profiles, profiles),
-        )  # fmt: skip
-    if comm.rank == 0:
-        print(format_report(report, args.format))
-    if args.plot:
-        path = write_on_root(comm, "--plot", args.plot, lambda: plot_report(report, args.plot))
-        if comm.rank == 0 and args.format != "json":
-            print(f"\nplot written to {path}")
-    return 0
+    return run_profiling(args, comm)
 
 
 # The library's parameter names in its error messages, and this verb's flags for them.

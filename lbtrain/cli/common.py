@@ -171,7 +171,7 @@ def batch_size_list(text: str) -> tuple[int, ...]:
 def add_backend_argument(group: Any, default: str = "auto") -> None:
     """Add `--backend`: torch.distributed's transport of CUDA buffers under torchrun.
 
-    The communicator is built from it before the run starts (lbtrain.cli.main), so it is a
+    The communicator is built from it before the run starts (lbtrain.cli.entry), so it is a
     property of the launch, like the rank count, not a run setting saved in config.toml.
     """
     group.add_argument(

@@ -16,9 +16,10 @@ from lbtrain.cli.common import (
 )
 from lbtrain.cli.whatif_checks import (
     DEFAULT_MAX_DEVICES,
+    DEFAULT_NETWORK,
     bytes_type,
-    check_flags,
     check_profile_map,
+    checked_cluster,
     profile_map_type,
 )
 from lbtrain.cli.whatif_format import (
@@ -32,20 +33,17 @@ from lbtrain.cli.whatif_sweep import format_sweep, plot_sweep, sweep_type
 from lbtrain.comm import Communicator
 from lbtrain.outputs import writing
 from lbtrain.profiling import load_profiles
-from lbtrain.whatif.cluster import Cluster, Network, parse_cluster, parse_network
-from lbtrain.whatif.devices import BUILTIN_DEVICES, load_device_table
+from lbtrain.whatif.cluster import Cluster, Network
+from lbtrain.whatif.devices import BUILTIN_DEVICES
 from lbtrain.whatif.memory import memory_caps
 from lbtrain.whatif.mix import mix_scaling
 from lbtrain.whatif.predict import Roofline, predict, scaling, speed_models
 from lbtrain.whatif.subset import best_subset
-from lbtrain.whatif.sweep import AXES, check_sweep, sweep
+from lbtrain.whatif.sweep import AXES, sweep
 from lbtrain.whatif.work import ModelWork
 from lbtrain.workloads import DEFAULT_WORKLOAD, get_plugin
 
 __all__ = ["add_parser", "run"]
-
-# NVLink-class links inside a node, 100 Gb/s-class Ethernet/InfiniBand between nodes.
-DEFAULT_NETWORK = "intra=900GB/s,5us; inter=100Gb/s,2us"
 
 DESCRIPTION = f"""\
 Predict one training step on a cluster you do not have: each device is one replica whose
@@ -99,7 +97,15 @@ def add_parser(
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add = parser.add_argument
+    _add_cluster_options(parser.add_argument)
+    _add_speed_options(parser.add_argument)
+    _add_output_options(parser.add_argument)
+    parser.set_defaults(run=run, workload_flags=add_workload_options(parser, workload))
+    return parser
+
+
+def _add_cluster_options(add: Any) -> None:
+    """The cluster, its network and how the global batch is shared."""
     add(
         "--cluster",
         required=True,
@@ -122,6 +128,10 @@ def add_parser(
         default=0,
         help="least batch a device gets (default: 0, zero shares allowed)",
     )
+
+
+def _add_speed_options(add: Any) -> None:
+    """Where each device's speed comes from: profiles, a device table, a roofline's work."""
     add("--profiles",
         help="profiles file of `lbtrain profile`: measured alpha and beta (default: none, "
         "the roofline)")  # fmt: skip
@@ -153,6 +163,10 @@ def add_parser(
         type=bytes_type,
         help="bytes allreduced per step (default: the profiles' or the counted model's)",
     )
+
+
+def _add_output_options(add: Any) -> None:
+    """What is predicted beside the step: scaling, a sweep, parallelism, a picture."""
     add("--scaling", choices=("strong", "weak"), help="also print a scaling table (default: none)")
     add(
         "--max-devices",
@@ -172,37 +186,18 @@ def add_parser(
         "--count-flops and --global-batch) (default: data parallelism only)")  # fmt: skip
     add("--plot", help="write the scaling table or the sweep as an image, needs matplotlib "
         "(default: none)")  # fmt: skip
-    parser.set_defaults(run=run, workload_flags=add_workload_options(parser, workload))
-    return parser
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Check every input, predict, and print on rank 0 (one process does the arithmetic)."""
     if comm.rank != 0:
         return 0
-    check_flags(args)
-    table = BUILTIN_DEVICES if args.devices_file is None else load_device_table(args.devices_file)
-    cluster, network = parse_cluster(args.cluster, table), _network(args.network)
-    if args.sweep is not None:
-        check_sweep(args.sweep, cluster)
-    if args.scaling and len(cluster.groups) > 1 and args.max_devices < cluster.devices:
-        raise ValueError(
-            f"--max-devices {args.max_devices} is below the mix's {cluster.devices:,} devices: "
-            "--scaling of a mixed cluster adds whole copies of it; give --max-devices "
-            f">= {cluster.devices:,}"
-        )
-    unknown = sorted(set(args.profile_map) - set(table))
-    if unknown:
-        raise ValueError(f"--profile-map names unknown device {unknown[0]!r}")
+    table, cluster, network = checked_cluster(args)
     profiles = _profiles(args)
     check_profile_map(args.profile_map, profiles)
     # Last, as it builds the workload (its data included): every cheap check came first.
     workload, work = _counted_work(args, profiles)
-    roofline = None
-    if work is not None:
-        roofline = Roofline(work.flops_per_sample, work.bytes_per_sample)
-    elif args.flops_per_sample or args.bytes_per_sample:
-        roofline = Roofline(args.flops_per_sample or 0.0, args.bytes_per_sample or 0.0)
+    roofline = _roofline(args, work)
     devices = [group.device for group in cluster.groups]
     speeds = speed_models(devices, profiles, roofline, args.profile_map, table.values())
     gradient_bytes = _gradient_bytes(args, profiles, work)
@@ -241,23 +236,26 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         )  # fmt: skip
         blocks.append(format_sweep(args.sweep.axis, points))
         drawn = lambda: plot_sweep(args.sweep.axis, points, args.plot)  # noqa: E731
-    print("\n".join(blocks))
-    if args.plot and drawn is not None:
-        with writing("--plot", args.plot):  # a disk that filled meanwhile: one line
-            written = drawn()
-        print(f"\nplot written to {written}")
+    _show(blocks, drawn, args.plot)
     return 0
 
 
-def _network(spec: str) -> Network:
-    """--network, where a level it does not name keeps the default's (the library's
-    `parse_network` reads one level as a flat network)."""
-    given, default = parse_network(spec), parse_network(DEFAULT_NETWORK)
-    levels = {part.partition("=")[0].strip().lower() for part in spec.split(";") if part.strip()}
-    return Network(
-        intra=given.intra if "intra" in levels else default.intra,
-        inter=given.inter if "inter" in levels else default.inter,
-    )
+def _roofline(args: argparse.Namespace, work: ModelWork | None) -> Roofline | None:
+    """The roofline's work per sample: counted (--count-flops), given, or none."""
+    if work is not None:
+        return Roofline(work.flops_per_sample, work.bytes_per_sample)
+    if args.flops_per_sample or args.bytes_per_sample:
+        return Roofline(args.flops_per_sample or 0.0, args.bytes_per_sample or 0.0)
+    return None
+
+
+def _show(blocks: list[str], drawn: Any, plot: str | None) -> None:
+    """Print the blocks, then draw the picture (made last: everything that can fail ran)."""
+    print("\n".join(blocks))
+    if plot and drawn is not None:
+        with writing("--plot", plot):  # a disk that filled meanwhile: one line
+            written = drawn()
+        print(f"\nplot written to {written}")
 
 
 def _counted_work(args: argparse.Namespace, profiles: list[Any]) -> tuple[Any, ModelWork | None]:

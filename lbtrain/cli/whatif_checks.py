@@ -8,7 +8,13 @@ from typing import Any
 
 from lbtrain.cli.common import check_plot_path
 from lbtrain.report import require_matplotlib
+from lbtrain.whatif.cluster import Cluster, Network, parse_cluster, parse_network
+from lbtrain.whatif.devices import BUILTIN_DEVICES, DeviceSpec, load_device_table
 from lbtrain.whatif.predict import key_matches
+from lbtrain.whatif.sweep import check_sweep
+
+# NVLink-class links inside a node, 100 Gb/s-class Ethernet/InfiniBand between nodes.
+DEFAULT_NETWORK = "intra=900GB/s,5us; inter=100Gb/s,2us"
 
 
 def profile_map_type(text: str) -> dict[str, str]:
@@ -105,3 +111,36 @@ def check_profile_map(mapping: dict[str, str], profiles: list[Any]) -> None:
                 f"--profile-map {name}={key}: no profile is of device kind {key!r} or has it in "
                 f"its device name (the profiles' kinds: {', '.join(kinds)}); name one of those"
             )
+
+
+def checked_cluster(
+    args: argparse.Namespace,
+) -> tuple[dict[str, DeviceSpec], Cluster, Network]:
+    """The device table, --cluster and --network, checked against the other flags: all
+    before anything slow."""
+    check_flags(args)
+    table = BUILTIN_DEVICES if args.devices_file is None else load_device_table(args.devices_file)
+    cluster, network = parse_cluster(args.cluster, table), _network(args.network)
+    if args.sweep is not None:
+        check_sweep(args.sweep, cluster)
+    if args.scaling and len(cluster.groups) > 1 and args.max_devices < cluster.devices:
+        raise ValueError(
+            f"--max-devices {args.max_devices} is below the mix's {cluster.devices:,} devices: "
+            "--scaling of a mixed cluster adds whole copies of it; give --max-devices "
+            f">= {cluster.devices:,}"
+        )
+    unknown = sorted(set(args.profile_map) - set(table))
+    if unknown:
+        raise ValueError(f"--profile-map names unknown device {unknown[0]!r}")
+    return table, cluster, network
+
+
+def _network(spec: str) -> Network:
+    """--network, where a level it does not name keeps the default's (the library's
+    `parse_network` reads one level as a flat network)."""
+    given, default = parse_network(spec), parse_network(DEFAULT_NETWORK)
+    levels = {part.partition("=")[0].strip().lower() for part in spec.split(";") if part.strip()}
+    return Network(
+        intra=given.intra if "intra" in levels else default.intra,
+        inter=given.inter if "inter" in levels else default.inter,
+    )

@@ -2,9 +2,10 @@
 
 Two engines can carry a job: MPI (mpiexec, mpirun, srun with PMI) and torch.distributed
 (torchrun, or anything that sets torch's env:// variables, such as Kubernetes' PyTorchJob).
-Each launcher announces itself through variables in every process it starts; this module
-reads them and nothing else, so the console script can decide before importing anything
-heavy (MPI must start before torch under an MPI launcher: lbtrain.comm.mpi.start_mpi).
+Each launcher announces itself, and this process's rank, through variables in every process
+it starts; this module reads them and nothing else, so the console script can decide before
+importing anything heavy (MPI must start before torch under an MPI launcher:
+lbtrain.comm.mpi.start_mpi) and print once a message every rank would (`launcher_rank`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "detect_launcher",
     "launched_by_mpi",
     "launched_by_torchrun",
+    "launcher_rank",
     "mpi_world_size",
     "torchrun_local_rank",
 ]
@@ -33,7 +35,9 @@ MPI_VARIABLES = (
     "MPI_LOCALNRANKS",
     "HYDRA_CONTROL_FD",
 )
-# Of those, the ones that hold the MPI world's size.
+# Rank variables of MPICH/Hydra and Intel MPI, Open MPI, PMIx and Slurm, and torchrun's.
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID", "RANK")
+# Of the MPI variables, the ones that hold the MPI world's size.
 _MPI_SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE")
 # Any of these says torch's env:// launch: torchrun sets all of them and more (LOCAL_RANK,
 # LOCAL_WORLD_SIZE, GROUP_RANK, TORCHELASTIC_RUN_ID, MASTER_ADDR, MASTER_PORT, ...).
@@ -196,3 +200,36 @@ def torchrun_local_rank(
         return None
     local = env.get("LOCAL_RANK", "").strip()
     return int(local) if local.isdigit() else None
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher announced it, 0 when there is none.
+
+    Read before any communicator exists, so that a message every rank would print (a
+    command-line mistake, a Ctrl-C while starting up) is printed once under mpiexec or
+    torchrun. Under torchrun, torchrun's RANK, even where srun started torchrun. Where the
+    launchers' variables do not form one job (`detect_launcher` refuses them), the largest
+    of the announced ranks: 0 only for the one process that every launcher calls rank 0, so
+    the refusal is printed once.
+    """
+    try:
+        if detect_launcher() == TORCHRUN:
+            return int(os.environ["RANK"])
+    except LauncherError:
+        pass
+    # RANK=2 of 2 has no rank 0 to speak for it: the MPI launcher's rank decides, if any.
+    names = _RANK_VARIABLES[:-1] if _outside_torch_world() else _RANK_VARIABLES
+    ranks = [
+        int(value)
+        for value in (os.environ.get(name, "").strip() for name in names)
+        if value.isdigit()
+    ]
+    return max(ranks, default=0)
+
+
+def _outside_torch_world() -> bool:
+    try:
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return False
+    return not 0 <= rank < size

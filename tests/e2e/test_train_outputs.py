@@ -13,7 +13,7 @@ import os
 import pytest
 
 from lbtrain import SingleProcessCommunicator, plan_batches
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.trainer.config import load_toml
 from lbtrain.trainer.run_folder import hold_run_folder, release_run_folder
 

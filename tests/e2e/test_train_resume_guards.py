@@ -1,6 +1,6 @@
 """`lbtrain train` in one process: what a resumed run may and may not change, and plan inputs.
 
-In-process (`lbtrain.cli.main.main`) with the tiny deterministic workload of
+In-process (`lbtrain.cli.entry.main`) with the tiny deterministic workload of
 tests/fixtures/faulty.py, so each run takes about a second.
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lbtrain import SingleProcessCommunicator
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.comm.local import run_ranks
 from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from lbtrain import SingleProcessCommunicator
-from lbtrain.cli.main import build_parser, main
+from lbtrain.cli.entry import main
+from lbtrain.cli.parser import build_parser
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "profiles_3ranks.json"
 VERBS = ("train", "profile", "balance-report", "env", "what-if")
@@ -272,13 +273,12 @@ def test_env_prints_what_a_bug_report_needs(capsys):
 
 def test_ctrl_c_before_a_run_starts_is_one_line_and_status_130(monkeypatch, capsys):
     """While torch imports or arguments parse, no run has its own handler yet."""
-    import lbtrain.cli.main as cli_main
     from lbtrain.cli import entry
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli_main, "main", interrupted)
+    monkeypatch.setattr(entry, "_run", interrupted)
     assert entry.main() == 130
     assert capsys.readouterr().err == "lbtrain: interrupted\n"
 

@@ -20,7 +20,8 @@ import torch
 
 from lbtrain import SingleProcessCommunicator
 from lbtrain.cli.common import given_workload_options
-from lbtrain.cli.main import build_parser, main
+from lbtrain.cli.entry import main
+from lbtrain.cli.parser import build_parser
 from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
 from lbtrain.workloads import WorkloadOption, WorkloadPlugin, register_workload, toy_workload
 from tests.ranks import lbtrain_ranks

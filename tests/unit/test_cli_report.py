@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from lbtrain import SingleProcessCommunicator
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = ROOT / "tests" / "fixtures" / "profiles_3ranks.json"

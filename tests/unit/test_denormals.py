@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lbtrain import SingleProcessCommunicator, flush_denormals
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.denormals import flushing_threads
 from tests.fixtures.faulty_runs import faulty
 from tests.ranks import lbtrain_ranks

@@ -8,7 +8,7 @@ The command is what follows the first `lbtrain` word (a path ending in `/lbtrain
 `torchrun ... -m lbtrain`, `python -m lbtrain`, `PYTHONPATH=.`) are stripped; it ends at a
 pipe, `;`, `&&` or a redirection. `python -m hyperspectral train ARGS` is parsed as the
 `lbtrain train --workload hyperspectral ARGS` it runs, with its legacy flags translated
-(hyperspectral/cli.py). Each is given to `lbtrain.cli.main.build_parser(argv).parse_args`,
+(hyperspectral/cli.py). Each is given to `lbtrain.cli.parser.build_parser(argv).parse_args`,
 which exits on an unknown flag or a bad value: that fails the test with the offending line.
 
 Skipped: a command holding a placeholder word (`...`, or `<...>` such as `<folder>`), which
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from hyperspectral.cli import translate_argv
-from lbtrain.cli.main import build_parser
+from lbtrain.cli.parser import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

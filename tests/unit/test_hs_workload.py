@@ -387,7 +387,7 @@ def test_the_map_counts_errors_on_the_splits_test_pixels_and_names_the_bands(mon
 
 def test_map_without_matplotlib_is_one_line_before_training(monkeypatch, capsys, tmp_path):
     from lbtrain import SingleProcessCommunicator
-    from lbtrain.cli.main import main
+    from lbtrain.cli.entry import main
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     out = tmp_path / "run"

@@ -12,8 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lbtrain.cli.launcher import launcher_rank
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.comm import (
     LauncherError,
     RankLost,
@@ -22,6 +21,7 @@ from lbtrain.comm import (
     detect_launcher,
     world_communicator,
 )
+from lbtrain.comm.launchers import launcher_rank
 from lbtrain.comm.torchdist import choose_backend
 from tests.fixtures.faulty_runs import faulty
 from tests.mpi.scripts.comm_ops import check_ops

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lbtrain import SingleProcessCommunicator, plan_batches
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.runs import load_run
 from lbtrain.runs.folder import LOCK_FILE
 from lbtrain.text import format_metric

@@ -13,10 +13,10 @@ _spec.loader.exec_module(function_lengths)  # type: ignore[union-attr]
 
 
 def test_no_function_in_the_trainer_is_over_60_lines(tmp_path):
-    # The trainer, profiling, the balancer, data, the wrapper, the report and the what-if
-    # (issue 39; the rest of lbtrain/ is still to split).
-    checked = [REPO / "lbtrain" / name for name in ("trainer", "profiling", "balancer", "data",
-                                                    "parallel", "report", "whatif")]  # fmt: skip
+    # All of lbtrain/ (issue 39), but the CLI's train.py and common.py, still to split.
+    skipped = ("train.py", "common.py")
+    checked = [p for p in (REPO / "lbtrain").rglob("*.py")
+               if not (p.parent.name == "cli" and p.name in skipped)]  # fmt: skip
     assert function_lengths.long_functions(checked, 60) == []
     # The check can fail: a 61-line function is found.
     body = "".join(f"    x{i} = {i}\n" for i in range(60))
@@ -35,8 +35,8 @@ def _main_guard_not_last(path: Path) -> bool:
 
 
 def test_a_runnable_module_runs_main_after_everything_it_defines(tmp_path):
-    # `python -m lbtrain.cli.main train ...` trained, then failed with a NameError: main()
-    # ran from a guard above the helpers it calls at the end (issue 39).
+    # `python -m lbtrain.cli.main train ...` (a module since gone) trained, then failed with
+    # a NameError: main() ran from a guard above the helpers it calls at the end (issue 39).
     runnable = [p for d in ("lbtrain", "hyperspectral") for p in (REPO / d).rglob("*.py")]
     assert [str(p) for p in runnable if _main_guard_not_last(p)] == []
     early = tmp_path / "early.py"
@@ -75,9 +75,10 @@ def test_the_call_frames_design_md_lists_lead_from_the_verb_to_the_optimizer_ste
     verb = [f for f, m in frames].index("run")
     assert frames[verb][1] == "lbtrain/cli/train.py"
     assert len(frames) - verb - 1 <= 4, frames  # at most four frames below the verb's run
-    assert "args.run" in _calls(REPO / frames[verb - 1][1], frames[verb - 1][0])
-    for (function, module), (callee, _) in zip(frames[verb:], frames[verb + 1 :], strict=False):
-        assert callee.split(".")[-1] in _calls(REPO / module, function), (function, callee)
+    assert "args.run" in _calls(REPO / frames[verb - 1][1], frames[verb - 1][0])  # dispatch
+    for (function, module), (callee, _) in zip(frames, frames[1:], strict=False):
+        if callee != "run":
+            assert callee.split(".")[-1] in _calls(REPO / module, function), (function, callee)
     function, module = frames[-1]
     assert "self.optimizer.step" in _calls(REPO / module, function)
     # The check can fail: a frame that does not call the next one is found.

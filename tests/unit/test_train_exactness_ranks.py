@@ -74,7 +74,7 @@ def test_an_ensemble_on_unequal_ranks_with_a_zero_share_matches_one_process(tmp_
     """A deep ensemble's (N, K, M) outputs and its members' mean loss keep the update exact,
     whether each member reads its own batches (of samples picked by index) or all share."""
     from lbtrain import SingleProcessCommunicator
-    from lbtrain.cli.main import main
+    from lbtrain.cli.entry import main
 
     ensemble = ("--ensemble", "2", "--ensemble-batches", batches)
     alone = tmp_path / "one"
@@ -102,7 +102,7 @@ def test_ssftt_with_batchnorm_matches_one_process_and_per_rank_statistics_do_not
     (Batches of 41: the 163 training pixels leave a tail of 40, which per-rank BatchNorm can
     take; a tail of 3 cut 1/1/1 it cannot.)"""
     from lbtrain import SingleProcessCommunicator
-    from lbtrain.cli.main import main
+    from lbtrain.cli.entry import main
 
     ssftt = [*COMMON, "--model", "ssftt", "--patch-size", "5", "--global-batch", "41"]
     assert main([*ssftt, "--out", str(tmp_path / "one")], comm=SingleProcessCommunicator()) == 0

@@ -10,7 +10,7 @@ import pytest
 
 from examples.resnet_cifar import workload as resnet44
 from examples.scene_fcn import workload as scene_fcn
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.comm import SingleProcessCommunicator
 from lbtrain.whatif.cluster import parse_network
 from lbtrain.whatif.layers import count_layers

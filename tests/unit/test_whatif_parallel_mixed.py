@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from examples.scene_fcn import workload as scene_fcn
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.comm import SingleProcessCommunicator
 from lbtrain.whatif.cluster import Cluster, DeviceGroup, parse_network
 from lbtrain.whatif.devices import DeviceSpec

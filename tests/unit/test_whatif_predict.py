@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from lbtrain.balancer import ideal_step, plan_batches
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.comm import SingleProcessCommunicator
 from lbtrain.whatif.cluster import parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES

@@ -11,7 +11,7 @@ import pytest
 from lbtrain import SingleProcessCommunicator
 from lbtrain.balancer import CommCost, ReplicaSpeed
 from lbtrain.balancer.subsets import best_subset
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.profiling import load_profiles
 from lbtrain.whatif.cluster import parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES

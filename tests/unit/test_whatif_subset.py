@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.comm import SingleProcessCommunicator
 from lbtrain.whatif.cluster import parse_cluster, parse_network
 from lbtrain.whatif.predict import SpeedModel, predict

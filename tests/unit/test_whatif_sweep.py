@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.comm import SingleProcessCommunicator
 from lbtrain.whatif.cluster import parse_cluster, parse_network
 from lbtrain.whatif.devices import BUILTIN_DEVICES

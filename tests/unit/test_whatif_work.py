@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lbtrain import SingleProcessCommunicator
-from lbtrain.cli.main import main
+from lbtrain.cli.entry import main
 from lbtrain.whatif.work import count_work
 from lbtrain.workloads import toy_workload
 
