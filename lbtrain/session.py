@@ -1,4 +1,4 @@
-"""What every job does before its real work: agree on checks, place ranks, build, profile.
+"""What every job does before its real work: place ranks, build the workload, profile.
 
 The trainer and the `profile` / `balance-report` verbs share this orchestration, so it lives
 in the library, not in `lbtrain/cli/`. Errors name the library's parameters; the CLI turns
@@ -7,20 +7,19 @@ them into flag names.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from lbtrain.collective import agree, root_value
 from lbtrain.comm import Communicator
 from lbtrain.denormals import flush_denormals, flushing_threads
 from lbtrain.devices import DeviceAssignment, assign_devices
 from lbtrain.emulation import Slowdown, slowdown_for_rank
 from lbtrain.logs import logger
-from lbtrain.outputs import writing
 from lbtrain.profiling import ProfileConfig, ReplicaProfile, load_profiles
 from lbtrain.workloads import Workload, get_plugin
 
@@ -28,88 +27,13 @@ if TYPE_CHECKING:
     from lbtrain.profiling.measured_plan import StepSource
 
 __all__ = [
-    "write_on_root",
-    "USER_ERRORS",
-    "CollectiveError",
     "Replica",
-    "agree",
     "build_workload",
     "load_profiles_collective",
     "profile_workload",
-    "root_value",
     "setup_replica",
+    "workload_steps",
 ]
-
-T = TypeVar("T")
-
-# Errors a check may raise for bad user input or an unusable environment.
-USER_ERRORS = (ValueError, RuntimeError, OSError)
-
-
-class CollectiveError(Exception):
-    """A user error that every rank knows about: rank 0 reports it and all ranks stop."""
-
-
-def agree(comm: Communicator, check: Callable[[], T], *, name_rank: bool = True) -> T:
-    """Run `check` on every rank and fail on all ranks together if it failed on any.
-
-    Collective. A per-rank problem (say cuda:3 on one node) would otherwise leave the other
-    ranks waiting forever in their next collective call.
-
-    Args:
-        comm: the job's communicator.
-        check: validation to run; raises ValueError, RuntimeError or OSError on bad input.
-        name_rank: prefix "rank R: " when only some ranks failed (off for checks that only
-            rank 0 runs, where the rank says nothing).
-
-    Returns:
-        What `check` returned on this rank.
-
-    Raises:
-        CollectiveError: on every rank, with the first failing rank's message.
-    """
-    try:
-        value, error = check(), None
-    except USER_ERRORS as exc:
-        value, error = None, " ".join(str(exc).split())
-    errors = comm.allgather(error)
-    failed = [(rank, message) for rank, message in enumerate(errors) if message is not None]
-    if failed:
-        rank, message = failed[0]
-        if name_rank and comm.size > 1 and len(failed) < comm.size:
-            message = f"rank {rank}: {message}"
-        raise CollectiveError(message)
-    return value  # type: ignore[return-value]
-
-
-def root_value(comm: Communicator, make: Callable[[], T]) -> T:
-    """`make()` on rank 0 alone (its errors reach every rank), then its value on every rank.
-
-    Collective. For files only rank 0 may read: a checkpoint, a plan, an output folder.
-    """
-    value = agree(comm, lambda: make() if comm.rank == 0 else None, name_rank=False)
-    return comm.bcast(value, root=0)
-
-
-def write_on_root(
-    comm: Communicator, option: str, given: str | os.PathLike[str], write: Callable[[], T]
-) -> T | None:
-    """`write()` on rank 0 alone; collective. An OS failure stops every rank with one line.
-
-    The line names `option` and the `given` path, the real file and a fix
-    (:func:`lbtrain.outputs.writing`); under mpiexec every rank stops together.
-
-    Returns:
-        What `write` returned on rank 0, None on the other ranks.
-    """
-
-    def guarded() -> T | None:
-        if comm.rank != 0:
-            return None
-        with writing(option, given):
-            return write()
-
-    return agree(comm, guarded, name_rank=False)
 
 
 @dataclass(frozen=True)

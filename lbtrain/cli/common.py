@@ -8,18 +8,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from lbtrain.collective import USER_ERRORS, CollectiveError, agree, write_on_root
 from lbtrain.comm import BACKENDS, Communicator
 from lbtrain.outputs import writing
 from lbtrain.profiling import ProfileConfig, ReplicaProfile
 from lbtrain.session import (
-    USER_ERRORS,
-    CollectiveError,
-    agree,
     build_workload,
     load_profiles_collective,
     profile_workload,
     setup_replica,
-    write_on_root,
 )
 from lbtrain.workloads import DEFAULT_WORKLOAD, WorkloadOption, available_workloads, get_plugin
 

@@ -108,14 +108,14 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode((BrokenPipeError,), PIPE_EXIT, Report.QUIET),
     # A non-finite loss at the same step on every rank: a failed run, not a usage error.
     ExitCode(("lbtrain.trainer.engine:TrainingDiverged",), 1, Report.ONCE),
-    ExitCode(("lbtrain.session:CollectiveError",), 2, Report.ONCE),
+    ExitCode(("lbtrain.collective:CollectiveError",), 2, Report.ONCE),
     ExitCode((KeyboardInterrupt,), 130, Report.SIGNAL),
     ExitCode(("lbtrain.trainer.signals:Interrupted", _Terminated), None, Report.SIGNAL),
     # Each process a world of its own; a node without mpi4py, where rank 0's may have it.
     ExitCode((LoneRankError, _NoMPI), 2, Report.EVERY),
     # Another rank vanished (torchrun: killed); this one of the survivors says so.
     ExitCode((RankLost,), 1, Report.RANK),
-    # Bad input: lbtrain.session.USER_ERRORS and the command line's own.
+    # Bad input: lbtrain.collective.USER_ERRORS and the command line's own.
     ExitCode(("lbtrain.cli.common:CLIError", ValueError, RuntimeError, OSError), 2, Report.RANK),
     ExitCode((Exception,), 1, Report.TRACEBACK),
 )

@@ -23,8 +23,8 @@ from lbtrain.cli.common import (
     positive_int,
     seed_int,
 )
+from lbtrain.collective import agree, root_value
 from lbtrain.comm import Communicator
-from lbtrain.session import agree, root_value
 from lbtrain.text import plural
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import (
@@ -288,7 +288,7 @@ def translate(message: str) -> str:
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Build the config, then train on every rank."""
-    from lbtrain.session import CollectiveError
+    from lbtrain.collective import CollectiveError
     from lbtrain.trainer import train
 
     given = vars(args)

@@ -37,8 +37,8 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from lbtrain.collective import CollectiveError, agree
 from lbtrain.comm import Communicator
-from lbtrain.session import CollectiveError, agree
 
 __all__ = [
     "BatchNormMismatch",

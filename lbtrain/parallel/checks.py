@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from lbtrain.collective import agree
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.data.sampler import disagreement, fingerprint
-from lbtrain.session import agree
 
 __all__ = ["LOSS_REDUCTIONS", "WEIGHTINGS", "check_arguments", "check_setup"]
 

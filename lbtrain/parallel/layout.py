@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
+from lbtrain.collective import CollectiveError
 from lbtrain.comm import Communicator
 from lbtrain.parallel.batchnorm import SyncBatchNorm
-from lbtrain.session import CollectiveError
 
 __all__ = ["ModelMismatch", "broadcast_tensors", "check_same_model", "copy_buffers", "model_layout"]
 

@@ -10,11 +10,11 @@ from torch import nn
 
 from lbtrain.balancer import BalancePlan
 from lbtrain.balancer.checks import whole
+from lbtrain.collective import agree
 from lbtrain.comm import Communicator
 from lbtrain.emulation import Slowdown
 from lbtrain.profiling import ReplicaProfile
 from lbtrain.profiling.measured_plan import PlanRequest, StepSource, measure_and_plan
-from lbtrain.session import agree
 
 __all__ = ["plan_for", "tile_batch"]
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from lbtrain.collective import agree
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.evaluation import Evaluator, evaluate
@@ -38,7 +39,6 @@ from lbtrain.parallel.gradients import GradientSync
 from lbtrain.parallel.layout import broadcast_tensors, check_same_model, copy_buffers
 from lbtrain.parallel.marking import mark
 from lbtrain.parallel.weights import StepWeights
-from lbtrain.session import agree
 
 __all__ = ["BalancedDataParallel"]
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lbtrain.balancer import BalancePlan, plan_batches
+from lbtrain.collective import agree
 from lbtrain.comm import Communicator
 from lbtrain.emulation import Slowdown
 from lbtrain.logs import logger
@@ -25,7 +26,6 @@ from lbtrain.profiling.record import ReplicaProfile, describe_model
 from lbtrain.profiling.retime import outside_measured, retime_profiles
 from lbtrain.profiling.steps import LossFn, MakeBatch
 from lbtrain.profiling.sync import comm_cost
-from lbtrain.session import agree
 
 __all__ = [
     "LADDER_SHARE",

@@ -30,12 +30,12 @@ import torch
 from torch import nn
 
 from lbtrain.balancer import BalancePlan
+from lbtrain.collective import CollectiveError
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.devices import synchronize
 from lbtrain.emulation import Slowdown, rank_cpu_time
 from lbtrain.parallel import BalancedDataParallel
-from lbtrain.session import CollectiveError
 from lbtrain.text import plural
 from lbtrain.trainer.control import Control
 from lbtrain.trainer.records import EpochRecord, Totals

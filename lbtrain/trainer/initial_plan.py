@@ -14,17 +14,12 @@ from typing import Any
 import torch
 
 from lbtrain.balancer import BalancePlan, idle_ranks_note, min_batch_note, subset_note
+from lbtrain.collective import agree, root_value
 from lbtrain.comm import Communicator
 from lbtrain.profiling import ReplicaProfile
 from lbtrain.profiling.measured_plan import PlanRequest, measure_and_plan
 from lbtrain.profiling.record import describe_model
-from lbtrain.session import (
-    Replica,
-    agree,
-    load_profiles_collective,
-    root_value,
-    workload_steps,
-)
+from lbtrain.session import Replica, load_profiles_collective, workload_steps
 from lbtrain.text import device_label, plural
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.workloads import Workload

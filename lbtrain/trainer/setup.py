@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from lbtrain.balancer import BalancePlan
+from lbtrain.collective import agree, root_value, write_on_root
 from lbtrain.comm import Communicator
 from lbtrain.emulation import Slowdown, slowdown_schedule
 from lbtrain.logs import configure as configure_logging
 from lbtrain.logs import set_rank
 from lbtrain.profiling import ReplicaProfile
 from lbtrain.report import build_report, format_report
-from lbtrain.session import Replica, agree, build_workload, root_value, setup_replica, write_on_root
+from lbtrain.session import Replica, build_workload, setup_replica
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.data_check import check_same_data, data_identity
 from lbtrain.trainer.initial_plan import make_plan, plan_notes

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 from lbtrain.cli.entry import EXIT_CODES, Report, exit_code_for
+from lbtrain.collective import USER_ERRORS, CollectiveError
 from lbtrain.comm import RankLost
 from lbtrain.comm.launchers import LauncherError, LoneRankError
-from lbtrain.session import USER_ERRORS, CollectiveError
 from lbtrain.trainer.engine import TrainingDiverged
 from lbtrain.trainer.signals import SIGNAL_EXIT, Interrupted
 

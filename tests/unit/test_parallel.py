@@ -13,9 +13,9 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from lbtrain import BalancedDataParallel, balanced_loader, plan_batches, plan_for
+from lbtrain.collective import CollectiveError
 from lbtrain.comm import SingleProcessCommunicator, run_ranks
 from lbtrain.parallel.checks import shared_autograd_thread
-from lbtrain.session import CollectiveError
 from tests.mpi.scripts.bn_exactness import make_data, make_model
 from tests.mpi.scripts.bn_exactness import run_case as bn_case
 from tests.mpi.scripts.wrapper_exactness import _plan, check, mismatch
