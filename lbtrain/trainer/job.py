@@ -108,7 +108,7 @@ def _stopped(setup: Setup, engine: Engine) -> TrainResult:
             "time": time.time(),
         }
     )
-    if setup.config.curves == "on":
+    if setup.config.curves:
         setup.on_root(lambda: draw_curves(setup.out, f"{setup.workload.name}, stopped"))
     if comm.rank == 0:
         where = (
@@ -190,7 +190,7 @@ def _write_outputs(
     atomic_write_text(out / "plan.json", plan.to_json() + "\n")  # the plan in force now
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     title = f"{workload.name}, {plural(setup.comm.size, 'rank')}, policy {plan.policy}"
-    if setup.config.curves == "on":
+    if setup.config.curves:
         draw_curves(out, title)
     if workload.artifacts is not None:
         workload.artifacts(ArtifactContext(out, metrics, predictions, title))

@@ -15,7 +15,7 @@ from lbtrain.balancer import BalancePlan
 from lbtrain.logs import logger
 from lbtrain.trainer.replan import Replan, propose
 
-__all__ = ["CHANGE", "REPLAN_GAIN", "Replanner", "SIGMAS"]
+__all__ = ["CHANGE", "MIN_EPOCHS", "REPLAN_GAIN", "Replanner", "SIGMAS"]
 
 
 # A rank's factor this far from its segment's mean (relative) is a change, not noise: the
@@ -26,6 +26,8 @@ SIGMAS = 3.0
 # The smallest predicted gain worth a switch: a switch moves no data and keeps the update
 # exact, so a small gain is worth it once the measurements show it is real.
 REPLAN_GAIN = 0.02
+# Epochs of one segment needed before a switch: one epoch cannot tell its noise.
+MIN_EPOCHS = 2
 # Epochs of one segment kept for its statistics.
 WINDOW = 8
 # Two epochs cannot tell their noise: each rank's spread starts from this prior (one
@@ -183,7 +185,7 @@ class Replanner:
         return pooled
 
     def _decide(self, plan: BalancePlan) -> Replan | None:
-        if len(self.segment) < 2:
+        if len(self.segment) < MIN_EPOCHS:
             return None
         previous = _pooled([self.anchor]) if self.anchor is not None else None
         # The evidence decides whether to move; the best estimate decides where to.

@@ -132,7 +132,7 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     agree(comm, lambda: _check_extras(config))
     checkpoint = root_value(comm, lambda: read_checkpoint(config.resume))
     folder, clear = root_value(comm, lambda: prepare_out(config, checkpoint))
-    flush = config.flush_denormals == "on"
+    flush = config.flush_denormals
     replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown, flush)
     slowdown_at = agree(
         comm,
@@ -270,8 +270,8 @@ def build_engine(
         step_metric=workload.step_metric,
         slowdown_at=setup.slowdown_at,
         weighting=config.weighting,
-        overlap=config.overlap == "on",
-        sync_batchnorm=config.sync_batchnorm == "on",
+        overlap=config.overlap,
+        sync_batchnorm=config.sync_batchnorm,
         stop=stop,
         timer=timer or _timer(setup),
     )
@@ -349,7 +349,7 @@ def _callbacks(setup: Setup, engine: Engine) -> list[Callback]:
     ]
     if config.replan == "auto":
         callbacks.append(ReplanCallback(Replanner(), setup.say))
-    if config.divergence == "on":
+    if config.divergence:
         callbacks.append(DivergenceGuard())
     if config.trace:
         labels = [device_label(d) for d in setup.devices]
