@@ -37,7 +37,7 @@ _RUNTIMES = ("libgomp", "libiomp", "libomp")  # OpenMP runtimes that export GOMP
 def flush_denormals(on: bool = True) -> bool:
     """Flush subnormal floats to zero (or stop) on this thread and torch's CPU workers.
 
-    Call it on each rank's training thread (`lbtrain train` does, `--flush-denormals on`,
+    Call it on each rank's training thread (`lbtrain train` does, `--flush-denormals`,
     the default). Returns whether every compute thread now does as asked: for `on`, False
     where the CPU has no such mode (not x86 with SSE3), or where torch's threads are not an
     OpenMP team that this can reach.

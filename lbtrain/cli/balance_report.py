@@ -9,6 +9,7 @@ from lbtrain.balancer import POLICIES
 from lbtrain.cli.common import (
     CLIError,
     CollectiveError,
+    HelpFormatter,
     add_profiling_arguments,
     agree,
     check_plot_path,
@@ -50,7 +51,7 @@ def add_parser(
         "balance-report",
         help="predict what each balancing policy buys",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--profiles",

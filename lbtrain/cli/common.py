@@ -8,6 +8,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from lbtrain.cli.flags import (
+    HelpFormatter,
+    add_setting,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    seed_int,
+)
 from lbtrain.collective import USER_ERRORS, CollectiveError, agree, write_on_root
 from lbtrain.comm import BACKENDS, Communicator
 from lbtrain.outputs import writing
@@ -24,6 +32,7 @@ __all__ = [
     "USER_ERRORS",
     "CLIError",
     "CollectiveError",
+    "HelpFormatter",
     "add_backend_argument",
     "add_profiling_arguments",
     "add_workload_options",
@@ -32,9 +41,11 @@ __all__ = [
     "check_writable",
     "given_workload_options",
     "load_profiles_collective",
+    "non_negative_int",
     "positive_float",
     "positive_int",
     "run_profiling",
+    "seed_int",
     "show_defaults",
     "write_on_root",
 ]
@@ -107,49 +118,6 @@ def check_plot_path(path: str, option: str = "--plot") -> None:
             f"of {', '.join('.' + f for f in PLOT_FORMATS)}"
         )
     check_writable(path, option)
-
-
-def _int_at_least(text: str, minimum: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1."""
-    return _int_at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: a whole number >= 0."""
-    return _int_at_least(text, 0)
-
-
-# Seeds reach scikit-learn (a PCA's random_state), which takes 0 to 2^32 - 1.
-SEED_LIMIT = 2**32 - 1
-
-
-def seed_int(text: str) -> int:
-    """argparse type: a seed, a whole number from 0 to 2^32 - 1."""
-    value = _int_at_least(text, 0)
-    if value > SEED_LIMIT:
-        raise argparse.ArgumentTypeError(f"{value} must be <= {SEED_LIMIT} (2^32 - 1)")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value} must be a finite number > 0")
-    return value
 
 
 def batch_size_list(text: str) -> tuple[int, ...]:
@@ -260,8 +228,11 @@ def add_profiling_arguments(
 ) -> None:
     """Add the options that control how each replica is profiled, and the workload's own.
 
+    The options that are settings of training too (--devices, --threads, --flush-denormals,
+    --emulate-slowdown) are `lbtrain train`'s flags, from TrainConfig's description of them.
+
     Args:
-        parser: the verb's parser.
+        parser: the verb's parser (its formatter_class `HelpFormatter`, for the on/off flags).
         workload: the --workload the command line names (read ahead), whose options to add.
     """
     group = parser.add_argument_group("profiling")
@@ -274,42 +245,24 @@ def add_profiling_arguments(
         "train's, so that the profile times the model training uses; patch-cnn is a small "
         "CNN whose steps take milliseconds, toy an MLP too fast to time reliably",
     )
-    group.add_argument(
-        "--devices",
-        default="auto",
-        help="device per rank: 'auto' (cuda:<local rank> where the node has a GPU for the "
-        "rank, else cpu), one entry for all ranks (cpu, cuda, cuda:K), or one entry per rank "
-        "such as cpu,cpu,cuda:0,cuda:1",
-    )
+    add_setting(group, "devices", default="auto")
     add_backend_argument(group)
-    group.add_argument(
-        "--threads",
-        type=positive_int,
-        default=None,
-        help="torch CPU threads per rank (default: the rank's cores divided by the ranks of "
-        "its node that share them, at least 1; OMP_NUM_THREADS is not read)",
-    )
-    group.add_argument(
-        "--flush-denormals",
-        choices=("on", "off"),
-        default="on",
-        help="on: flush subnormal floats to zero on every CPU thread that computes (a "
-        "converged model's CPU step stays as fast as a fresh one's; values below 1.2e-38 "
-        "become 0); off: leave them; profile as you will train",
-    )
-    group.add_argument(
-        "--emulate-slowdown",
-        default=None,
-        metavar="F0,F1,...",
-        help="testing aid: rank i sleeps (F_i - 1) x each step's compute time, emulating a "
-        "device F_i times slower; one factor >= 1 per rank, or one for all (default: none)",
-    )
+    add_setting(group, "threads", default=None)
+    add_setting(group, "flush_denormals", default=True)
+    add_setting(group, "emulate_slowdown", default=None)
     group.add_argument(
         "--time-budget",
         type=positive_float,
         default=10.0,
         help="seconds each replica spends profiling, about",
     )
+    _add_ladder_arguments(group)
+    group.add_argument("--seed", type=seed_int, default=0, help="seed of the synthetic batches")
+    parser.set_defaults(workload_flags=add_workload_options(parser, workload))
+
+
+def _add_ladder_arguments(group: Any) -> None:
+    """The batch sizes timed, and how often each."""
     group.add_argument(
         "--batch-sizes",
         type=batch_size_list,
@@ -351,8 +304,6 @@ def add_profiling_arguments(
         help="skip the memory cap (CUDA out-of-memory probe, CPU RAM estimate) (default: "
         "find the cap)",
     )
-    group.add_argument("--seed", type=seed_int, default=0, help="seed of the synthetic batches")
-    parser.set_defaults(workload_flags=add_workload_options(parser, workload))
 
 
 def _profile_config(args: argparse.Namespace, world_size: int) -> ProfileConfig:
@@ -381,7 +332,7 @@ def run_profiling(args: argparse.Namespace, comm: Communicator) -> list[ReplicaP
     """Profile every rank as the options say and return all profiles; collective."""
     config = agree(comm, lambda: _profile_config(args, comm.size))
     replica = setup_replica(
-        comm, args.devices, args.threads, args.emulate_slowdown, args.flush_denormals == "on"
+        comm, args.devices, args.threads, args.emulate_slowdown, args.flush_denormals
     )
     options = given_workload_options(args, args.workload)
     workload = build_workload(comm, args.workload, seed=args.seed, options=options)

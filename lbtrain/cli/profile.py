@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from lbtrain.cli.common import (
+    HelpFormatter,
     add_profiling_arguments,
     agree,
     check_writable,
@@ -35,7 +36,7 @@ def add_parser(
         "profile",
         help="profile every rank and write the profiles JSON",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--output",

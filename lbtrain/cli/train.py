@@ -10,39 +10,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import Any
 
-from lbtrain.balancer import POLICIES
-from lbtrain.cli.common import (
-    add_backend_argument,
-    add_workload_options,
-    non_negative_int,
-    positive_float,
-    positive_int,
-    seed_int,
-)
+from lbtrain.cli.common import add_backend_argument, add_workload_options
+from lbtrain.cli.flags import HelpFormatter, add_settings, flag, translate
 from lbtrain.collective import agree, root_value
 from lbtrain.comm import Communicator
 from lbtrain.text import plural
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
-from lbtrain.trainer.config import (
-    CURVES_MODES,
-    DIVERGENCE_MODES,
-    KEYS_ARE,
-    LOG_LEVELS,
-    LR_SCHEDULES,
-    OPTIMIZERS,
-    OVERLAP_MODES,
-    REPLAN_MODES,
-    WEIGHTINGS,
-    TrainConfig,
-    load_toml,
-)
+from lbtrain.trainer.config import TrainConfig, load_toml
 from lbtrain.workloads import WorkloadPlugin, get_plugin
 
-__all__ = ["add_parser", "run", "workload_from_argv"]
+__all__ = ["add_parser", "build_config", "run", "translate", "workload_from_argv"]
 
 DEFAULTS = TrainConfig()
 DEFAULT_TRAIN_WORKLOAD = DEFAULTS.workload
@@ -102,12 +82,12 @@ def _resumed_workload(resume: str) -> str | None:
 def add_parser(
     subparsers: argparse._SubParsersAction, workload: str = DEFAULT_TRAIN_WORKLOAD
 ) -> argparse.ArgumentParser:
-    """Register the `train` verb, with the options of `workload`."""
+    """Register the `train` verb: a flag per TrainConfig setting, and `workload`'s options."""
     parser = subparsers.add_parser(
         "train",
         help="profile, plan and train on every rank, then evaluate",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
         argument_default=argparse.SUPPRESS,
     )
     parser.add_argument(
@@ -116,114 +96,11 @@ def add_parser(
         help="TOML file of settings (the config.toml a run writes, for one); flags given on "
         "the command line override it (default: none)",
     )
-    basics = parser.add_argument_group("run")
-    _add(basics, "workload", "what to train: a workload name, an entry point of group "
-         "lbtrain.workloads, or package.module:function", metavar="NAME")  # fmt: skip
-    _add(basics, "epochs", "passes over the training set", type=positive_int)
-    _add(basics, "global_batch", "samples per synchronous step, summed over all ranks",
-         type=positive_int)  # fmt: skip
-    _add(basics, "seed", "seed of the data split, the model's initialisation and the shuffling",
-         type=seed_int)  # fmt: skip
-    _add(basics, "out", "output folder (default: a new runs/<date-time>)", metavar="DIR")
-    _add(basics, "overwrite", "write into a --out that is not empty: an earlier run's files "
-         "there are removed once the plan stands, other files are left (default: refuse a "
-         "folder that is not empty)", action="store_true")  # fmt: skip
-    _add(basics, "resume", "continue from a checkpoint file or a run folder; its settings are the "
-         "defaults, flags override them (default: start afresh)", metavar="PATH")  # fmt: skip
-    _add(basics, "quiet", "print only the final summary; --no-quiet undoes a resumed run's "
-         "(default: progress and report too)", action=argparse.BooleanOptionalAction)  # fmt: skip
-    _add(basics, "log_level", "the library's diagnostic lines on stderr: info (rank 0), debug "
-         "(every rank, tagged: the re-planner's reasoning, the profiling phases) or "
-         "warning", choices=LOG_LEVELS)  # fmt: skip
-    _add(basics, "log_every", "also print a line every N steps when output is not a terminal "
-         "(0: one line per epoch)", type=non_negative_int)  # fmt: skip
-    plan = parser.add_argument_group("balance")
-    _add(plan, "policy", "how to share the global batch: equal (the unbalanced baseline), "
-         "proportional (to throughput) or cost (alpha-beta model, fixed cost per step "
-         "included)", choices=POLICIES)  # fmt: skip
-    _add(
-        plan,
-        "min_batch",
-        "smallest batch any rank may get; with 0 the cost policy gives no samples to a rank "
-        "whose fixed cost per step outlasts the others' step (it then only joins the sync); "
-        "1 gives every rank a share",
-        type=non_negative_int,
-    )
-    _add(plan, "profiles", "reuse a profiles JSON from `lbtrain profile` instead of profiling "
-         "(default: profile now)", metavar="FILE")  # fmt: skip
-    _add(plan, "plan", "reuse a plan.json from an earlier run: no profiling, no planning "
-         "(default: plan now)", metavar="FILE")  # fmt: skip
-    _add(plan, "devices", "device per rank: auto (cuda:<local rank> where the node has a GPU "
-         "for the rank, else cpu), one entry for all, or one per rank: cpu,cuda:0")  # fmt: skip
-    add_backend_argument(plan, default=argparse.SUPPRESS)
-    _add(plan, "threads", "torch CPU threads per rank (default: the rank's cores divided by "
-         "the ranks of its node that share them; OMP_NUM_THREADS is not read)",
-         type=positive_int)  # fmt: skip
-    _add(plan, "flush_denormals", "on: flush subnormal floats to zero on every CPU thread "
-         "that computes (a converged model's CPU step stays as fast as a fresh one's; values "
-         "below 1.2e-38 become 0); off: leave them, and the slow path that meets them",
-         choices=OVERLAP_MODES)  # fmt: skip
-    _add(plan, "emulate_slowdown", "testing aid: rank i sleeps (F_i - 1) x each step's compute, "
-         "like a device F_i times slower; one factor >= 1 per rank (default: none)",
-         metavar="F0,F1,...")  # fmt: skip
-    _add(plan, "emulate_change", "testing aid: change the emulated slowdowns mid-run; "
-         "EPOCH:F0,F1,... sets the factors from that epoch (counted from 1) on, e.g. 3:4,1; "
-         "several entries separated by ';' (default: none)", metavar="E:F0,F1")  # fmt: skip
-    _add(plan, "replan", "auto: at each epoch's end, compare what each rank measured with its "
-         "speed model and switch every rank to a better plan once the evidence holds: two "
-         "epochs or more, and a gain above 2%% even with each rank's rate pulled 3 standard "
-         "errors toward the others' (exact either way); off: keep the first plan and its "
-         "profiled prediction", choices=REPLAN_MODES)  # fmt: skip
-    _add(plan, "time_budget", "seconds each rank spends profiling, about, re-timing at the "
-         "plan's batches included", type=positive_float)  # fmt: skip
-    optim = parser.add_argument_group("optimisation")
-    _add(optim, "optimizer", "optimizer", choices=OPTIMIZERS)
-    _add(optim, "lr", "initial learning rate", type=positive_float)
-    _add(optim, "momentum", "SGD momentum", type=float)
-    _add(optim, "weight_decay", "L2 weight decay", type=float)
-    _add(optim, "lr_schedule", "cosine: decay to 0 over the run; constant; step: x "
-         "--lr-gamma every --lr-step-epochs epochs", choices=LR_SCHEDULES)  # fmt: skip
-    _add(optim, "lr_step_epochs", "period of the step schedule, in epochs", type=positive_int)
-    _add(optim, "lr_gamma", "factor of the step schedule", type=positive_float)
-    _add(optim, "weighting", "gradient weights: share (b_i/B, exact) or uniform (1/P, as DDP "
-         "and Horovod; not exact with unequal batches, for comparison only)",
-         choices=WEIGHTINGS)  # fmt: skip
-    _add(optim, "overlap", "on: start each gradient bucket's allreduce during backward, as "
-         "soon as its gradients are in; off: reduce them all after backward (the same "
-         "result; for comparison)", choices=OVERLAP_MODES)  # fmt: skip
-    _add(optim, "sync_batchnorm", "on: BatchNorm layers normalise over the global batch, "
-         "exact as one process (two small allreduces per layer and step); off: over each "
-         "rank's own share, as DDP without SyncBatchNorm (not exact; for comparison)",
-         choices=OVERLAP_MODES)  # fmt: skip
-    evaluation = parser.add_argument_group("evaluation and checkpoints")
-    _add(evaluation, "eval_every", "evaluate every N epochs (0: only at the end)",
-         type=non_negative_int)  # fmt: skip
-    _add(evaluation, "eval_batch", "samples per forward pass when evaluating", type=positive_int)
-    _add(evaluation, "checkpoint_every", "write a checkpoint every N epochs (0: only at the "
-         "end)", type=non_negative_int)  # fmt: skip
-    _add(evaluation, "keep", "checkpoints kept, newest first", type=positive_int)
-    _add(evaluation, "divergence", "on: stop with exit 1 when the loss runs away (a step's loss "
-         "above 1000 x the first step's, or 8 epochs of growth above the first epoch's); "
-         "off: train on whatever happens", choices=DIVERGENCE_MODES)  # fmt: skip
-    _add(evaluation, "curves", "on: draw curves.png (loss, accuracy, measured and predicted "
-         "step, idle per rank) in the run folder at the end; off: leave it out, for many short "
-         "runs (metrics.jsonl has the same figures)", choices=CURVES_MODES)  # fmt: skip
-    _add(evaluation, "trace", "write a Chrome/Perfetto trace of every rank's steps (compute, "
-         "gradient sync, waiting for the slowest) to FILE in the run folder; open it at "
-         "ui.perfetto.dev (default: none)", metavar="FILE")  # fmt: skip
-    _add(evaluation, "tensorboard", "also log the per-epoch metrics to TensorBoard in DIR "
-         "(needs the tensorboard package: pip install 'lbtrain[tensorboard]') (default: "
-         "none)", metavar="DIR")  # fmt: skip
+    groups = add_settings(parser)
+    add_backend_argument(groups["balance"], default=argparse.SUPPRESS)
     add_workload_options(parser, workload)
     parser.set_defaults(run=run)
     return parser
-
-
-def _add(group: Any, name: str, text: str, **kwargs: Any) -> None:
-    default = getattr(DEFAULTS, name)
-    if "(default" not in text:
-        text += f" (default: {default})"
-    group.add_argument("--" + name.replace("_", "-"), dest=name, help=text, **kwargs)
 
 
 def build_config(
@@ -265,27 +142,6 @@ def build_config(
     return TrainConfig.from_dict(merged, source=given.get("config", "settings")).validate()
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-_FIELD_NAMES = sorted((f.name for f in dataclasses.fields(TrainConfig)), key=len, reverse=True)
-
-
-def translate(message: str) -> str:
-    """Turn the library's parameter names in an error message into flag names; a list of a
-    config file's keys (after `KEYS_ARE`) stays as the file spells them."""
-    message, keys, listed = message.partition(KEYS_ARE)
-    message = message.replace("overwrite=True", "--overwrite")
-    for name in _FIELD_NAMES:
-        message = re.sub(rf"(?<![\w-]){name}=", _flag(name) + " ", message)
-        message = re.sub(rf"(?<![\w-]){name} (?=['\"])", _flag(name) + " ", message)
-        if "_" in name:  # no English word has an underscore: a bare global_batch is the flag
-            message = re.sub(rf"(?<![\w-]){name}\b", _flag(name), message)
-    message = message.replace("global_batch_size=", "--global-batch ")
-    return message + keys + listed
-
-
 def run(args: argparse.Namespace, comm: Communicator) -> int:
     """Build the config, then train on every rank."""
     from lbtrain.collective import CollectiveError
@@ -325,12 +181,12 @@ def _check_inherited_emulation(
         try:
             parse(value, world_size)
         except ValueError:
-            flag = _flag(name)
+            option = flag(name)
             each = " an entry" if name == "emulate_change" else ""
             raise ValueError(
-                f"{flag} {value} comes from the checkpoint and does not fit this job of "
-                f"{plural(world_size, 'rank')}; give {flag} with "
-                f"{plural(world_size, 'factor')}{each}, or {flag} '' to train without it"
+                f"{option} {value} comes from the checkpoint and does not fit this job of "
+                f"{plural(world_size, 'rank')}; give {option} with "
+                f"{plural(world_size, 'factor')}{each}, or {option} '' to train without it"
             ) from None
 
 

@@ -216,7 +216,7 @@ def load_run(folder: str | os.PathLike[str]) -> Run:
     stops = [r for r in records if r["type"] == "stop"]
     return Run(
         folder=path,
-        recipe=_toml(path / "config.toml"),
+        recipe=_recipe(path / "config.toml"),
         plan=_checked(path / "plan.json", "plan", _PLAN_FIELDS),
         epochs=epoch_records(records),
         evaluations=eval_records(records),
@@ -357,6 +357,20 @@ _KIND_NAMES = {
     int: "a whole number",
     str: "a string",
 }
+
+
+# The switches a config.toml wrote as "on"/"off" before they were booleans (TrainConfig's
+# settings made with on_off=True; a test keeps the two the same). Read as booleans, so that
+# `lbtrain compare` finds an old run's overlap = "on" the same as a new run's overlap = true.
+ON_OFF_SETTINGS = ("flush_denormals", "overlap", "sync_batchnorm", "divergence", "curves")
+
+
+def _recipe(path: Path) -> dict[str, Any] | None:
+    recipe = _toml(path)
+    for name in ON_OFF_SETTINGS if recipe else ():
+        if recipe.get(name) in ("on", "off"):
+            recipe[name] = recipe[name] == "on"
+    return recipe
 
 
 def _toml(path: Path) -> dict[str, Any] | None:

@@ -94,8 +94,8 @@ def build_run(
         step_metric=workload.step_metric,
         slowdown_at=setup.slowdown_at,
         weighting=config.weighting,
-        overlap=config.overlap == "on",
-        sync_batchnorm=config.sync_batchnorm == "on",
+        overlap=config.overlap,
+        sync_batchnorm=config.sync_batchnorm,
         stop=stop,
         callbacks=[evaluations, checkpoints, *_callbacks(setup, outputs), *extra],
         timer=timer or _timer(setup),
@@ -204,7 +204,7 @@ def _callbacks(setup: Setup, outputs: RunOutputs) -> list[Callback]:
     ]
     if config.replan == "auto":
         callbacks.append(ReplanCallback(Replanner(), setup.say))
-    if config.divergence == "on":
+    if config.divergence:
         callbacks.append(DivergenceGuard())
     if config.trace:
         labels = [device_label(d) for d in setup.devices]

@@ -24,6 +24,8 @@ from lbtrain.trainer.summary import format_metric
 from lbtrain.trainer.timing import PendingTimes, StepTimes
 
 __all__ = [
+    "DIVERGENCE_FACTOR",
+    "DIVERGENCE_PATIENCE",
     "CheckpointCallback",
     "DivergenceGuard",
     "EvaluateCallback",
@@ -144,6 +146,13 @@ class MetricsCallback(Callback):
         self.write(entry)
 
 
+# A step's loss this many times the first step's has run away (a NaN or infinite loss is
+# caught by the engine itself).
+DIVERGENCE_FACTOR = 1e3
+# Epochs of a growing loss, ending above the first epoch's, that count as running away.
+DIVERGENCE_PATIENCE = 8
+
+
 class DivergenceGuard(Callback):
     """Stops a run whose loss ran away, on every rank at the same step, with one line.
 
@@ -155,7 +164,9 @@ class DivergenceGuard(Callback):
     order = 40
     key = "divergence"
 
-    def __init__(self, factor: float = 1e3, patience: int = 8) -> None:
+    def __init__(
+        self, factor: float = DIVERGENCE_FACTOR, patience: int = DIVERGENCE_PATIENCE
+    ) -> None:
         self.factor, self.patience = factor, patience
         self.first_step: float | None = None
         self.first_epoch: float | None = None
@@ -199,7 +210,7 @@ class DivergenceGuard(Callback):
         )
         raise TrainingDiverged(
             f"training diverged {where}: {what}; lower the learning rate (--lr), or turn the "
-            "guard off with --divergence off; earlier checkpoints, if any, are kept"
+            "guard off with --no-divergence; earlier checkpoints, if any, are kept"
         )
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """One validated `TrainConfig`: defaults, then a TOML file, then explicit values.
 
 The config speaks the library's parameter names (``global_batch``, ``emulate_slowdown``);
-the CLI maps flags onto them and turns the names back into flags in error messages. The
+the CLI maps flags onto them and turns the names back into flags in help and in error
+messages. Each setting is described once, in its field's metadata (lbtrain.trainer.settings),
+which `lbtrain train --help` and docs/cli.md are generated from. The
 effective config is written into the run folder as ``config.toml``, and ``--config`` reads
 such a file back, so a run can be repeated exactly.
 """
@@ -9,21 +11,37 @@ such a file back, so a run can be repeated exactly.
 from __future__ import annotations
 
 import dataclasses
-import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import torch
 
 from lbtrain.balancer import POLICIES
+
+# The help of the settings quotes these: read from the code, never typed again. (Importing
+# them costs nothing more: the package lbtrain.trainer imports all its modules anyway.)
+from lbtrain.profiling.measured_plan import LADDER_SHARE
+from lbtrain.trainer.callbacks import DIVERGENCE_FACTOR, DIVERGENCE_PATIENCE
+from lbtrain.trainer.replanner import MIN_EPOCHS, REPLAN_GAIN, SIGMAS
+from lbtrain.trainer.settings import (
+    GROUPS,
+    check_setting,
+    describe,
+    read_on_off,
+    setting,
+    settings_of,
+)
 from lbtrain.workloads import DEFAULT_WORKLOAD
 
 __all__ = [
+    "LOG_LEVELS",
     "LR_SCHEDULES",
     "OPTIMIZERS",
+    "REPLAN_MODES",
     "WEIGHTINGS",
     "TrainConfig",
     "load_toml",
@@ -36,149 +54,158 @@ LR_SCHEDULES = ("cosine", "constant", "step")
 # compare against (it over-weights the ranks with small batches).
 WEIGHTINGS = ("share", "uniform")
 REPLAN_MODES = ("auto", "off")
-OVERLAP_MODES = ("on", "off")
-DIVERGENCE_MODES = ("on", "off")
-CURVES_MODES = ("on", "off")
 LOG_LEVELS = ("debug", "info", "warning")
+
+RUN, BALANCE, OPTIM, EVAL = GROUPS
+# The smallest normal float32: below it, a CPU takes the slow path unless it flushes.
+_TINY = torch.finfo(torch.float32).tiny
 
 
 @dataclass
 class TrainConfig:
     """Everything one training run needs, in the library's own parameter names.
 
-    Args:
-        workload: workload name, entry point or "module:function".
-        workload_options: values of the workload's own options.
-        epochs: passes over the training set.
-        global_batch: B, samples per synchronous step summed over all ranks.
-        policy: "equal", "proportional" or "cost".
-        min_batch: smallest batch a rank may be given; 0 (the default) lets the cost policy
-            leave out a rank whose fixed cost per step outlasts the others' step.
-        optimizer: "adam" or "sgd".
-        lr: initial learning rate.
-        momentum: SGD momentum.
-        weight_decay: L2 penalty of the optimizer.
-        lr_schedule: "cosine" (decay to 0 over the run), "constant" or "step".
-        lr_step_epochs: with "step", multiply the rate by lr_gamma every this many epochs.
-        lr_gamma: the step schedule's factor.
-        seed: seed of the data split, the model's initialisation and the shuffling.
-        devices: "auto", one device for all ranks, or one per rank.
-        threads: CPU threads per rank (None: the rank's cores over the node's ranks sharing
-            them).
-        flush_denormals: "on" flushes subnormal floats to zero on every CPU thread that
-            computes (lbtrain.flush_denormals); "off" leaves them.
-        emulate_slowdown: testing aid, one factor per rank ("1,2,4") or None.
-        emulate_change: testing aid, slowdowns that change mid-run: "EPOCH:F0,F1,..."
-            entries separated by ";" (from that epoch, counted from 1), or None.
-        replan: "auto" switches every rank to the plan the measured compute times imply,
-            once the evidence holds (lbtrain.trainer.replanner.Replanner: two epochs or more,
-            and a gain above 2% even with each rate pulled 3 standard errors toward the
-            others'); "off" keeps the plan.
-        time_budget: seconds of profiling per rank, re-timing at the plan's batches
-            included (the ladder takes 75% of it); short by default (2 s), since the
-            re-planner then refines the first plan from what training measures.
-        profiles: reuse a profiles file instead of profiling.
-        plan: reuse a plan file instead of profiling and planning.
-        eval_every: evaluate every this many epochs (0: only at the end).
-        eval_batch: samples per forward pass when evaluating.
-        checkpoint_every: write a checkpoint every this many epochs (0: only at the end).
-        keep: checkpoints kept (the newest).
-        out: output folder (None: a fresh runs/<date-time>). A folder that is not empty
-            is refused unless `overwrite`.
-        overwrite: write into a non-empty `out`; an earlier run's files there are removed
-            once the plan stands (other files are left).
-        resume: a checkpoint file or a run folder to continue.
-        weighting: "share" (exact) or "uniform" (DDP's 1/P, to compare).
-        overlap: "on" starts each gradient bucket's allreduce during backward, once its
-            gradients are in; "off" reduces them all after backward (same result).
-        sync_batchnorm: "on" normalises BatchNorm layers over the global batch
-            (lbtrain.SyncBatchNorm: exact, two small allreduces per layer and step); "off"
-            over each rank's own share (not exact; for comparison).
-        quiet: print only the final summary.
-        log_every: also print a line every this many steps (0: one per epoch).
-        divergence: "on" stops the run (exit 1) when the loss runs away: a step's loss
-            above 1000 x the first step's, or 8 epochs of growth to above the first epoch's.
-        curves: "on" draws curves.png in the run folder at the end (needs matplotlib);
-            "off" leaves it out (metrics.jsonl holds the same figures).
-        trace: write a Chrome/Perfetto trace of each rank's steps to this file (None: no).
-        tensorboard: also log the metrics to TensorBoard in this folder (None: no).
-        log_level: the library's diagnostic lines: "info" (rank 0), "debug" (every rank,
-            the re-planner's reasoning and the profiling phases) or "warning".
+    Each field's help, default and bounds are written once, in its metadata
+    (`lbtrain.trainer.settings.setting`): `validate` checks them, and `lbtrain train --help`
+    and docs/cli.md are generated from them (`help(TrainConfig)` lists them below).
     """
 
-    workload: str = DEFAULT_WORKLOAD
-    workload_options: dict[str, Any] = field(default_factory=dict)
-    epochs: int = 60
-    global_batch: int = 64
-    policy: str = "cost"
-    min_batch: int = 0
-    optimizer: str = "adam"
-    lr: float = 1e-3
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    lr_schedule: str = "cosine"
-    lr_step_epochs: int = 30
-    lr_gamma: float = 0.1
-    seed: int = 0
-    devices: str = "auto"
-    threads: int | None = None
-    flush_denormals: str = "on"
-    emulate_slowdown: str | None = None
-    emulate_change: str | None = None
-    replan: str = "auto"
-    time_budget: float = 2.0
-    profiles: str | None = None
-    plan: str | None = None
-    eval_every: int = 0
-    eval_batch: int = 256
-    checkpoint_every: int = 1
-    keep: int = 2
-    out: str | None = None
-    overwrite: bool = False
-    resume: str | None = None
-    weighting: str = "share"
-    overlap: str = "on"
-    sync_batchnorm: str = "on"
-    quiet: bool = False
-    log_every: int = 0
-    divergence: str = "on"
-    curves: str = "on"
-    trace: str | None = None
-    tensorboard: str | None = None
-    log_level: str = "info"
+    workload: str = setting(
+        DEFAULT_WORKLOAD, "what to train: a workload name, an entry point of group "
+        "lbtrain.workloads, or package.module:function", RUN, metavar="NAME")  # fmt: skip
+    workload_options: dict[str, Any] = setting(
+        {}, "values of the workload's own options: a [workload_options] table in a config "
+        "file, flags of their own on the command line", None)  # fmt: skip
+    epochs: int = setting(60, "passes over the training set", RUN, low=1)
+    global_batch: int = setting(
+        64, "B, samples per synchronous step, summed over all ranks", RUN, low=1)  # fmt: skip
+    policy: str = setting(
+        "cost", "how to share the global batch: equal (the unbalanced baseline), proportional "
+        "(to throughput) or cost (alpha-beta model, fixed cost per step included)", BALANCE,
+        choices=POLICIES)  # fmt: skip
+    min_batch: int = setting(
+        0, "smallest batch any rank may get; with 0 the cost policy gives no samples to a rank "
+        "whose fixed cost per step outlasts the others' step (it then only joins the sync); "
+        "1 gives every rank a share", BALANCE, low=0)  # fmt: skip
+    optimizer: str = setting("adam", "the optimizer", OPTIM, choices=OPTIMIZERS)
+    lr: float = setting(1e-3, "initial learning rate", OPTIM, low=0.0, open_low=True)
+    momentum: float = setting(0.9, "SGD momentum", OPTIM, low=0.0, high=1.0, open_high=True)
+    weight_decay: float = setting(0.0, "L2 weight decay of the optimizer", OPTIM, low=0.0)
+    lr_schedule: str = setting(
+        "cosine", "cosine: decay to 0 over the run; constant; step: multiply the rate by "
+        "lr_gamma every lr_step_epochs epochs", OPTIM, choices=LR_SCHEDULES)  # fmt: skip
+    lr_step_epochs: int = setting(30, "period of the step schedule, in epochs", OPTIM, low=1)
+    lr_gamma: float = setting(
+        0.1, "factor of the step schedule", OPTIM, low=0.0, high=1.0, open_low=True)  # fmt: skip
+    # Any whole seed: a run resumed from a checkpoint keeps its seed (the command line takes
+    # 0 to 2^32 - 1 for a new one, what every workload here accepts).
+    seed: int = setting(
+        0, "seed of the data split, the model's initialisation and the shuffling, from 0 "
+        "to 2^32 - 1", RUN, low=None)  # fmt: skip
+    devices: str = setting(
+        "auto", "device per rank: auto (cuda:<local rank> where the node has a GPU for the "
+        "rank, else cpu), one entry for all ranks (cpu, cuda, cuda:K), or one per rank such "
+        "as cpu,cpu,cuda:0", BALANCE, metavar="DEVICES")  # fmt: skip
+    threads: int | None = setting(
+        None, "torch CPU threads per rank; a launcher that binds each rank to its own cores "
+        "(srun -c 8) leaves each all of them; OMP_NUM_THREADS is not read (torchrun sets it "
+        "to 1 for every job of more than one rank per node)", BALANCE, kind="int", low=1,
+        default_text="the rank's cores divided by the ranks of its node that share them, "
+        "at least 1")  # fmt: skip
+    flush_denormals: bool = setting(
+        True, "on: flush subnormal floats to zero on every CPU thread that computes, the "
+        f"rank's and torch's workers (values below {_TINY:.2g} become 0), so a converging "
+        "model's CPU step keeps its speed and its plan; off: leave them, and the slow path "
+        "that meets them; profile with what training will use", BALANCE, on_off=True)  # fmt: skip
+    emulate_slowdown: str | None = setting(
+        None, "testing aid: rank i sleeps (F_i - 1) x each step's compute, like a device F_i "
+        "times slower; one factor >= 1 per rank, or one for all", BALANCE,
+        metavar="F0,F1,...")  # fmt: skip
+    emulate_change: str | None = setting(
+        None, "testing aid: change the emulated slowdowns mid-run; EPOCH:F0,F1,... sets the "
+        "factors from that epoch (counted from 1) on, e.g. 3:4,1; several entries separated "
+        "by ';'", BALANCE, metavar="E:F0,F1")  # fmt: skip
+    replan: str = setting(
+        "auto", "auto: at each epoch's end, compare what each rank measured with its speed "
+        "model and switch every rank to a better plan once the evidence holds: "
+        f"{MIN_EPOCHS} epochs or more, and a gain above {REPLAN_GAIN:.0%} even with each "
+        f"rank's rate pulled {SIGMAS:g} standard errors toward the others' (exact either "
+        "way); off: keep the first plan and its profiled prediction", BALANCE,
+        choices=REPLAN_MODES)  # fmt: skip
+    time_budget: float = setting(
+        2.0, "seconds each rank spends profiling, about, re-timing at the plan's batches "
+        f"included (the ladder of batch sizes takes {LADDER_SHARE:.0%} of it); short, since "
+        "the re-planner refines the first plan from what training measures", BALANCE,
+        low=0.0, open_low=True, metavar="SECONDS")  # fmt: skip
+    profiles: str | None = setting(
+        None, "reuse a profiles JSON from `lbtrain profile` instead of profiling", BALANCE,
+        metavar="FILE", default_text="profile now")  # fmt: skip
+    plan: str | None = setting(
+        None, "reuse a plan.json from an earlier run: no profiling, no planning; its "
+        "re-plans keep its policy and smallest batch, so another policy, or a min_batch it "
+        "does not meet, is refused beside it", BALANCE, metavar="FILE",
+        default_text="plan now")  # fmt: skip
+    eval_every: int = setting(0, "evaluate every N epochs (0: only at the end)", EVAL, low=0)
+    eval_batch: int = setting(256, "samples per forward pass when evaluating", EVAL, low=1)
+    checkpoint_every: int = setting(
+        1, "write a checkpoint every N epochs (0: only at the end)", EVAL, low=0)  # fmt: skip
+    keep: int = setting(2, "checkpoints kept, the newest", EVAL, low=1)
+    out: str | None = setting(
+        None, "output folder; one that is not empty is refused unless overwrite=True", RUN,
+        metavar="DIR", default_text="a new runs/<date-time>")  # fmt: skip
+    overwrite: bool = setting(
+        False, "write into an output folder that is not empty: an earlier run's files there "
+        "are removed once the plan stands, other files are left", RUN, negatable=False,
+        default_text="refuse a folder that is not empty")  # fmt: skip
+    resume: str | None = setting(
+        None, "continue from a checkpoint file or a run folder; its settings are the "
+        "defaults, the settings given override them", RUN, metavar="PATH",
+        default_text="start afresh")  # fmt: skip
+    weighting: str = setting(
+        "share", "gradient weights: share (b_i/B, exact) or uniform (1/P, as DDP and Horovod; "
+        "not exact with unequal batches, for comparison only)", OPTIM,
+        choices=WEIGHTINGS)  # fmt: skip
+    overlap: bool = setting(
+        True, "on: start each gradient bucket's allreduce during backward, as soon as its "
+        "gradients are in; off: reduce them all after backward (the same result; for "
+        "comparison)", OPTIM, on_off=True)  # fmt: skip
+    sync_batchnorm: bool = setting(
+        True, "on: BatchNorm layers normalise over the global batch, exact as one process "
+        "(two small allreduces per layer and step, counted in the plan's sync time); off: "
+        "over each rank's own share, as DDP without SyncBatchNorm (not exact; for "
+        "comparison)", OPTIM, on_off=True)  # fmt: skip
+    quiet: bool = setting(
+        False, "on: print only the final summary; off: progress and report too, also where "
+        "the run resumed was quiet", RUN)  # fmt: skip
+    log_every: int = setting(
+        0, "also print a line every N steps when output is not a terminal (0: one line per "
+        "epoch)", RUN, low=0)  # fmt: skip
+    divergence: bool = setting(
+        True, "on: stop with exit 1 when the loss runs away (a step's loss above "
+        f"{DIVERGENCE_FACTOR:g} x the first step's, or {DIVERGENCE_PATIENCE} epochs of growth "
+        "to above the first epoch's); off: train on whatever happens (a NaN or infinite loss "
+        "stops the run either way)", EVAL, on_off=True)  # fmt: skip
+    curves: bool = setting(
+        True, "on: draw curves.png (loss, accuracy, measured and predicted step, idle per "
+        "rank) in the run folder at the end (needs matplotlib); off: leave it out, for many "
+        "short runs (metrics.jsonl has the same figures)", EVAL, on_off=True)  # fmt: skip
+    trace: str | None = setting(
+        None, "write a Chrome/Perfetto trace of every rank's steps (compute, gradient sync, "
+        "waiting for the slowest) to FILE in the run folder; open it at ui.perfetto.dev",
+        EVAL, metavar="FILE")  # fmt: skip
+    tensorboard: str | None = setting(
+        None, "also log the per-epoch metrics to TensorBoard in DIR, in the run folder "
+        "(needs the tensorboard package: pip install 'lbtrain[tensorboard]')", EVAL,
+        metavar="DIR")  # fmt: skip
+    log_level: str = setting(
+        "info", "the library's diagnostic lines on stderr: info (rank 0), debug (every rank, "
+        "tagged: the re-planner's reasoning, the profiling phases) or warning", RUN,
+        choices=LOG_LEVELS)  # fmt: skip
 
     def validate(self) -> TrainConfig:
         """Check every value; raise one ValueError naming the parameter, value and fix."""
-        _whole(self, "epochs", 1)
-        _whole(self, "global_batch", 1)
-        _whole(self, "min_batch", 0)
-        _whole(self, "lr_step_epochs", 1)
-        _whole(self, "eval_every", 0)
-        _whole(self, "eval_batch", 1)
-        _whole(self, "checkpoint_every", 0)
-        _whole(self, "keep", 1)
-        _whole(self, "log_every", 0)
-        # Any whole seed, as before: a run resumed from a checkpoint keeps its seed (the
-        # command line takes 0 to 2^32 - 1 for a new one, what every workload here accepts).
-        _whole(self, "seed", None)
-        if self.threads is not None:
-            _whole(self, "threads", 1)
-        _choice(self, "policy", POLICIES)
-        _choice(self, "optimizer", OPTIMIZERS)
-        _choice(self, "lr_schedule", LR_SCHEDULES)
-        _choice(self, "weighting", WEIGHTINGS)
-        _choice(self, "replan", REPLAN_MODES)
-        _choice(self, "overlap", OVERLAP_MODES)
-        _choice(self, "sync_batchnorm", OVERLAP_MODES)
-        _choice(self, "flush_denormals", OVERLAP_MODES)
-        _choice(self, "divergence", DIVERGENCE_MODES)
-        _choice(self, "curves", CURVES_MODES)
-        _choice(self, "log_level", LOG_LEVELS)
-        _number(self, "lr", low=0.0, open_low=True)
-        _number(self, "momentum", low=0.0, high=1.0, open_high=True)
-        _number(self, "weight_decay", low=0.0)
-        _number(self, "lr_gamma", low=0.0, high=1.0, open_low=True)
-        _number(self, "time_budget", low=0.0, open_low=True)
+        for entry in settings_of(TrainConfig):
+            check_setting(entry, getattr(self, entry.name))
         if not isinstance(self.workload_options, dict):
             raise ValueError(
                 f"workload_options={self.workload_options!r} must be a table of option values"
@@ -188,9 +215,6 @@ class TrainConfig:
                 f"out={self.out!r} is not a folder name; name one, or drop it for a "
                 "new runs/<date-time>"
             )
-        for name in ("overwrite", "quiet"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r} must be True or False")
         _inside_run("trace", self.trace, ".json")
         _inside_run("tensorboard", self.tensorboard, "")
         if self.profiles and self.plan:
@@ -219,7 +243,11 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "config") -> TrainConfig:
-        """Build from a mapping; an unknown key is a ValueError naming `source` and the key."""
+        """Build from a mapping; an unknown key is a ValueError naming `source` and the key.
+
+        The old "on"/"off" of the boolean settings (a config file or a checkpoint written
+        before they were booleans) are read as True/False, for one release.
+        """
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -227,7 +255,7 @@ class TrainConfig:
                 f"{source}: unknown setting(s) {', '.join(unknown)}; {KEYS_ARE}"
                 f"{', '.join(sorted(known - {'workload_options'}))} and a [workload_options] table"
             )
-        return cls(**dict(data))
+        return cls(**read_on_off(cls, data))
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -281,34 +309,7 @@ def _inside_run(name: str, value: Any, suffix: str) -> None:
         raise ValueError(f"{name}={value!r} must end in {suffix} (a Chrome/Perfetto JSON trace)")
 
 
-def _whole(config: TrainConfig, name: str, minimum: int | None) -> None:
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r} must be a whole number")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}")
-
-
-def _choice(config: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
-    value = getattr(config, name)
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is unknown; choose one of {', '.join(choices)}")
-
-
-def _number(
-    config: TrainConfig,
-    name: str,
-    low: float | None = None,
-    high: float | None = None,
-    open_low: bool = False,
-    open_high: bool = False,
-) -> None:
-    value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite number")
-    if low is not None and (value < low or (open_low and value == low)):
-        bound = ">" if open_low else ">="
-        raise ValueError(f"{name}={value} must be {bound} {low:g}")
-    if high is not None and (value > high or (open_high and value == high)):
-        bound = "<" if open_high else "<="
-        raise ValueError(f"{name}={value} must be {bound} {high:g}")
+# help(TrainConfig) shows every setting, from the one description each field carries.
+TrainConfig.__doc__ = (
+    f"{(TrainConfig.__doc__ or '').rstrip()}\n\n    Settings:\n\n{describe(TrainConfig)}\n"
+)

@@ -51,7 +51,7 @@ def make_plan(
         agree(comm, lambda: check_profiled(profiles, workload, config.profiles))
         agree(comm, lambda: check_profiled_ranks(profiles, devices, config.profiles))
     steps = workload_steps(replica, workload, make_optimizer, seed=config.seed,
-                           sync_batchnorm=config.sync_batchnorm == "on")  # fmt: skip
+                           sync_batchnorm=config.sync_batchnorm)  # fmt: skip
     quiet = config.quiet or comm.rank != 0
     return measure_and_plan(
         comm, steps, _request(config), config.time_budget, profiles,

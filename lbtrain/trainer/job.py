@@ -111,7 +111,7 @@ def _stopped(setup: Setup, run: Run) -> TrainResult:
             "time": time.time(),
         }
     )
-    if setup.config.curves == "on":
+    if setup.config.curves:
         setup.on_root(lambda: draw_curves(setup.out, f"{setup.workload.name}, stopped"))
     if comm.rank == 0:
         where = (

@@ -23,6 +23,7 @@ from lbtrain.logs import logger
 
 __all__ = [
     "CHANGE",
+    "MIN_EPOCHS",
     "REPLAN_GAIN",
     "SIGMAS",
     "Replan",
@@ -42,6 +43,8 @@ SIGMAS = 3.0
 # The smallest predicted gain worth a switch: a switch moves no data and keeps the update
 # exact, so a small gain is worth it once the measurements show it is real.
 REPLAN_GAIN = 0.02
+# Epochs of one segment needed before a switch: one epoch cannot tell its noise.
+MIN_EPOCHS = 2
 # Epochs of one segment kept for its statistics.
 WINDOW = 8
 # Two epochs cannot tell their noise: each rank's spread starts from this prior (one
@@ -380,7 +383,7 @@ class Replanner:
         return pooled
 
     def _decide(self, plan: BalancePlan) -> Replan | None:
-        if len(self.segment) < 2:
+        if len(self.segment) < MIN_EPOCHS:
             return None
         previous = _pooled([self.anchor]) if self.anchor is not None else None
         # The evidence decides whether to move; the best estimate decides where to.

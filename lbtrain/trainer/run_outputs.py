@@ -150,7 +150,7 @@ def write_outputs(
     atomic_write_text(out / "plan.json", plan.to_json() + "\n")  # the plan in force now
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     title = f"{workload.name}, {plural(setup.comm.size, 'rank')}, policy {plan.policy}"
-    if setup.config.curves == "on":
+    if setup.config.curves:
         draw_curves(out, title)
     if workload.artifacts is not None:
         workload.artifacts(ArtifactContext(out, metrics, predictions, title))

@@ -126,7 +126,7 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
 
 def _place(config: TrainConfig, comm: Communicator) -> tuple[Replica, Callable[[int], Slowdown]]:
     """This rank's device, threads and emulated slowdown, and the slowdown of each epoch."""
-    flush = config.flush_denormals == "on"
+    flush = config.flush_denormals
     replica = setup_replica(comm, config.devices, config.threads, config.emulate_slowdown, flush)
     slowdown_at = agree(
         comm,

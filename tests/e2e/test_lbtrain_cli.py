@@ -118,7 +118,7 @@ def test_a_short_training_runs_through_every_documented_way_in(tmp_path):
 
     train = ["train", "--workload", "tests.fixtures.faulty:plugin", "--global-batch", "40",
              "--threads", "1", "--time-budget", "0.3", "--quiet", "--epochs", "1",
-             "--curves", "off", "--devices", "cpu"]  # fmt: skip
+             "--no-curves", "--devices", "cpu"]  # fmt: skip
     ways = {
         "lbtrain": lbtrain_command(),
         "python -m lbtrain": [sys.executable, "-m", "lbtrain"],

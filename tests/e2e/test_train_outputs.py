@@ -19,7 +19,7 @@ from lbtrain.trainer.run_folder import hold_run_folder, release_run_folder
 
 BASE = [
     "train", "--workload", "tests.fixtures.faulty:plugin", "--global-batch", "40",
-    "--threads", "1", "--time-budget", "0.5", "--quiet", "--epochs", "1", "--curves", "off",
+    "--threads", "1", "--time-budget", "0.5", "--quiet", "--epochs", "1", "--no-curves",
 ]  # fmt: skip
 SCENE = [
     "train", "--workload", "hyperspectral", "--dataset", "synthetic", "--model", "hu",

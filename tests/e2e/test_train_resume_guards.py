@@ -19,7 +19,7 @@ from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
 
 BASE = [
     "train", "--workload", "tests.fixtures.faulty:plugin", "--global-batch", "40",
-    "--threads", "1", "--time-budget", "0.5", "--quiet", "--curves", "off",
+    "--threads", "1", "--time-budget", "0.5", "--quiet", "--no-curves",
     # On a GPU machine `auto` would put rank 0 on cuda:0, where a profile "on cuda" is its own.
     "--devices", "cpu",
 ]  # fmt: skip

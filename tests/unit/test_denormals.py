@@ -46,7 +46,7 @@ def test_the_workers_that_started_before_flush_too_and_stop_again(two_threads):
     assert _zeros_on_threads() == 0
 
 
-@pytest.mark.parametrize("setting", ["on", "off"])
+@pytest.mark.parametrize("setting", ["--flush-denormals", "--no-flush-denormals"])
 def test_lbtrain_train_flushes_on_each_ranks_compute_threads_unless_told_not_to(setting, tmp_path):
     """Read on each rank's training thread, with its two worker threads, as the run ends.
     The ranks are threads started from this one, whose mode they copy: the opposite of the
@@ -54,16 +54,16 @@ def test_lbtrain_train_flushes_on_each_ranks_compute_threads_unless_told_not_to(
     if not torch.set_flush_denormal(False):
         pytest.skip("this CPU has no flush-to-zero mode (torch.set_flush_denormal)")
     out = tmp_path / "run"
-    args = faulty("--epochs", "1", "--threads", "2", "--flush-denormals", setting, "--quiet",
+    args = faulty("--epochs", "1", "--threads", "2", setting, "--quiet",
                   "--out", str(out))  # fmt: skip
-    torch.set_flush_denormal(setting == "off")
+    torch.set_flush_denormal(setting.startswith("--no-"))
     try:
         job = lbtrain_ranks(2, *args)
     finally:
         flush_denormals(False)
     assert job.codes == [0, 0], job.output()
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    assert summary["flush_denormals"] == [setting == "on"] * 2
+    assert summary["flush_denormals"] == [not setting.startswith("--no-")] * 2
 
 
 def test_a_run_hands_its_callers_thread_back_as_it_found_it(tmp_path):
@@ -71,7 +71,7 @@ def test_a_run_hands_its_callers_thread_back_as_it_found_it(tmp_path):
     here this one, leaves it as it was, and on torch's workers too."""
     if not torch.set_flush_denormal(False):
         pytest.skip("this CPU has no flush-to-zero mode (torch.set_flush_denormal)")
-    args = faulty("--epochs", "1", "--flush-denormals", "on", "--quiet", "--out",
+    args = faulty("--epochs", "1", "--flush-denormals", "--quiet", "--out",
                   str(tmp_path / "run"))  # fmt: skip
     assert flush_denormals(False)
     assert main(args, comm=SingleProcessCommunicator()) == 0

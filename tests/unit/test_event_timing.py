@@ -52,7 +52,7 @@ def _config(folder: Path) -> TrainConfig:
     return TrainConfig(
         workload=FAULTY, global_batch=BATCH, threads=1, min_batch=1, epochs=2, replan="off",
         devices="cpu",
-        quiet=True, curves="off", plan=str(plan_file(folder, [1.0, 3.0])),
+        quiet=True, curves=False, plan=str(plan_file(folder, [1.0, 3.0])),
         out=str(folder / "run"), trace="trace.json",
     )  # fmt: skip
 

@@ -53,7 +53,7 @@ def _config(folder: Path, **changes) -> TrainConfig:
     settings = dict(
         workload=FAULTY, global_batch=BATCH, threads=1, min_batch=1, epochs=EPOCHS,
         lr_schedule="step", lr_step_epochs=1, lr_gamma=0.5, replan="auto", quiet=True,
-        curves="off", plan=str(plan_file(folder, [1.0, 3.0])), out=str(folder / "run"),
+        curves=False, plan=str(plan_file(folder, [1.0, 3.0])), out=str(folder / "run"),
     )  # fmt: skip
     settings.update(changes)
     return TrainConfig(**settings)

@@ -53,7 +53,7 @@ def test_checkpoint_size_and_rss_stay_flat_over_many_short_epochs(tmp_path):
     config = TrainConfig(
         workload=FAULTY, global_batch=200, threads=1, min_batch=1, epochs=EPOCHS,
         lr_schedule="constant", lr=1e-3, replan="auto", quiet=True, checkpoint_every=100,
-        curves="off",
+        curves=False,
         plan=str(_plan(tmp_path)),
         out=str(tmp_path / "run"), eval_every=0,
     )  # fmt: skip
