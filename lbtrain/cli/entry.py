@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lbtrain.comm.base import RankLost
+from lbtrain.comm.base import RESTART_EXIT, RankLost
 from lbtrain.comm.launchers import (
     MPI,
     TORCHRUN,
@@ -114,7 +114,7 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     # Each process a world of its own; a node without mpi4py, where rank 0's may have it.
     ExitCode((LoneRankError, _NoMPI), 2, Report.EVERY),
     # Another rank vanished (torchrun: killed); this one of the survivors says so.
-    ExitCode((RankLost,), 1, Report.RANK),
+    ExitCode((RankLost,), RESTART_EXIT, Report.RANK),
     # Bad input: lbtrain.collective.USER_ERRORS and the command line's own.
     ExitCode(("lbtrain.cli.common:CLIError", ValueError, RuntimeError, OSError), 2, Report.RANK),
     ExitCode((Exception,), 1, Report.TRACEBACK),

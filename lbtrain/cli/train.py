@@ -20,6 +20,7 @@ from lbtrain.comm import Communicator
 from lbtrain.text import plural
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import TrainConfig, load_toml
+from lbtrain.trainer.resume import AUTO
 from lbtrain.workloads import WorkloadPlugin, get_plugin
 
 __all__ = ["add_parser", "build_config", "run", "translate", "workload_from_argv"]
@@ -60,7 +61,7 @@ def workload_from_argv(argv: Sequence[str]) -> str:
             spec, resume = settings.get("workload"), resume or settings.get("resume")
         except ValueError:
             pass  # reported properly once the run starts
-    if spec is None and isinstance(resume, str):
+    if spec is None and isinstance(resume, str) and resume != AUTO:
         spec = _resumed_workload(resume)
     return spec if isinstance(spec, str) else DEFAULT_TRAIN_WORKLOAD
 
@@ -152,7 +153,11 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
         file = root_value(comm, lambda: load_toml(given["config"])) if "config" in given else {}
         resume = given.get("resume", file.get("resume"))
         # The resumed run's settings are the defaults; rank 0 alone reads the checkpoint.
-        base = root_value(comm, lambda: _checkpoint_settings(resume)) if resume else None
+        # With resume=auto the command line is the whole recipe, checked against the run's.
+        auto = resume == AUTO
+        base = (
+            root_value(comm, lambda: _checkpoint_settings(resume)) if resume and not auto else None
+        )
         spec = given.get("workload") or file.get("workload") or (base or {}).get("workload")
         plugin = agree(comm, lambda: get_plugin(spec or DEFAULT_TRAIN_WORKLOAD))
         config = agree(comm, lambda: build_config(given, plugin, base, file))

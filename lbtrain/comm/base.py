@@ -8,7 +8,11 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-__all__ = ["Communicator", "Completed", "RankLost", "Request"]
+__all__ = ["RESTART_EXIT", "Communicator", "Completed", "RankLost", "Request"]
+
+# The exit status that says "restart me": a rank was lost, not a mistake made, so the same
+# command (with resume=auto) continues from the run's newest checkpoint. EX_TEMPFAIL.
+RESTART_EXIT = 75
 
 
 class Request(Protocol):

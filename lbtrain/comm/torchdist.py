@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from lbtrain.comm.base import RankLost, Request
+from lbtrain.comm.base import RESTART_EXIT, RankLost, Request
 from lbtrain.comm.launchers import BACKENDS, check_backend, torchrun_world
 
 __all__ = ["BACKENDS", "TorchDistCommunicator", "check_backend", "choose_backend", "torch_world"]
@@ -292,14 +292,15 @@ class TorchDistCommunicator:
         raise RankLost(
             "lost contact with another rank in a collective: it ended without a message "
             "(killed, or crashed outside Python), so the job stops; the launcher's report "
-            "names that rank"
+            f"names that rank; exit {RESTART_EXIT}: the same command with resume=auto "
+            "continues from the run's newest checkpoint"
         ) from None
 
     def _claim(self) -> int | None:
         """The status another rank left, or None when this rank is the one to report."""
         if self._store is None:
             return None
-        mine = f"1:{self._rank}"
+        mine = f"{RESTART_EXIT}:{self._rank}"  # the others leave with it
         try:
             found = self._store.compare_set(_ABORT_KEY, "", mine)
         except Exception:

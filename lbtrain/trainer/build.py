@@ -30,7 +30,7 @@ from lbtrain.trainer.optim import build_optimizer, build_scheduler
 from lbtrain.trainer.progress import Progress
 from lbtrain.trainer.replanner import Replanner
 from lbtrain.trainer.resume import follow_schedule
-from lbtrain.trainer.run_outputs import RunOutputs
+from lbtrain.trainer.run_outputs import RunOutputs, world_change
 from lbtrain.trainer.setup import Setup
 from lbtrain.trainer.signals import StopSignal
 from lbtrain.trainer.summary import device_label
@@ -130,6 +130,13 @@ def _start_or_resume(setup: Setup, engine: Engine, steps: int) -> None:
         return
     restore(setup.checkpoint, engine)
     setup.say(_resume_line(setup.checkpoint["path"], engine.state, config.epochs, steps))
+    changed = world_change(setup)
+    if changed is not None:
+        setup.say(
+            f"world {changed['from']} -> {changed['to']} ranks at global step "
+            f"{changed['global_step']}: re-planned, batches {changed['old_batch_sizes']} -> "
+            f"{changed['batch_sizes']}"
+        )
     state = engine.state
     moved = follow_schedule(engine, config.epochs * steps, state.epoch * steps + state.step)
     if moved:
@@ -186,7 +193,9 @@ def _checkpoints(setup: Setup) -> CheckpointCallback:
     config = setup.config
 
     def save(engine: Engine) -> Path | None:
-        state = checkpoint_state(engine, setup.profiles, config, setup.workload, setup.devices)
+        state = checkpoint_state(
+            engine, setup.profiles, config, setup.workload, setup.devices, setup.worlds
+        )
         state.update(setup.seconds_so_far())
         return setup.on_root(
             lambda: save_checkpoint(setup.out / CHECKPOINT_DIR, state, config.keep)

@@ -200,6 +200,7 @@ def checkpoint_state(
     config: TrainConfig,
     workload: Workload,
     devices: list[dict[str, Any]],
+    worlds: list[dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """Everything needed to continue exactly; collective (it gathers every rank's RNG
     state, totals and interrupted epoch)."""
@@ -223,6 +224,7 @@ def checkpoint_state(
         "config": config.to_dict(),
         "signature": dict(workload.signature),
         "devices": devices,
+        "worlds": worlds or [{"ranks": comm.size, "from_step": 0}],
     }
 
 

@@ -159,8 +159,10 @@ class TrainConfig:
         default_text="refuse a folder that is not empty")  # fmt: skip
     resume: str | None = setting(
         None, "continue from a checkpoint file or a run folder; its settings are the "
-        "defaults, the settings given override them", RUN, metavar="PATH",
-        default_text="start afresh")  # fmt: skip
+        "defaults, the settings given override them; auto: continue the run in out from "
+        "its newest checkpoint, or start it there when it has none (the same command "
+        "starts a run and continues it after a restart; a folder holding another "
+        "recipe is refused)", RUN, metavar="PATH|auto", default_text="start afresh")  # fmt: skip
     weighting: str = setting(
         "share", "gradient weights: share (b_i/B, exact) or uniform (1/P, as DDP and Horovod; "
         "not exact with unequal batches, for comparison only)", OPTIM,
@@ -214,6 +216,11 @@ class TrainConfig:
             raise ValueError(
                 f"out={self.out!r} is not a folder name; name one, or drop it for a "
                 "new runs/<date-time>"
+            )
+        if self.resume == "auto" and not self.out:
+            raise ValueError(
+                "resume='auto' continues the run in out, and out is not given: name the "
+                "run's folder with out"
             )
         _inside_run("trace", self.trace, ".json")
         _inside_run("tensorboard", self.tensorboard, "")

@@ -21,7 +21,7 @@ from lbtrain.evaluation import predict
 from lbtrain.trainer.build import Run, build_run
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.engine import Callback, StepTimer
-from lbtrain.trainer.resume import resumed_from
+from lbtrain.trainer.resume import AUTO, resumed_from
 from lbtrain.trainer.run_folder import discard_reserved
 from lbtrain.trainer.run_outputs import (
     RunOutputs,
@@ -120,7 +120,8 @@ def _stopped(setup: Setup, run: Run) -> TrainResult:
             else f"after epoch {state.epoch}"
         )
         print(
-            f"stopped by a signal {where}; checkpoint {saved}; continue with --resume {setup.out}",
+            f"stopped by a signal {where}; checkpoint {saved}; continue with "
+            + ("the same command" if setup.config.resume == AUTO else f"--resume {setup.out}"),
             flush=True,
         )
     comm.barrier()
@@ -160,6 +161,7 @@ def _finish(setup: Setup, run: Run, outputs: RunOutputs) -> TrainResult:
         metrics={k: v for k, v in evaluations[-1].items() if k != "epoch"},
         **setup.seconds_so_far(),  # all sessions', when resumed, as train_seconds are
         resumed_from=resumed_from(setup.checkpoint),
+        worlds=setup.worlds,
         # Read on each rank's training thread as the run ends: still in force, or not.
         flushing=comm.allgather(flushing_threads()),
     )

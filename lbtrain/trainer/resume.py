@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lbtrain.data.sampler import steps_per_epoch
 from lbtrain.text import plural
-from lbtrain.trainer.checkpoint import FORMAT, find_checkpoint, load_checkpoint
+from lbtrain.trainer.checkpoint import (
+    CHECKPOINT_DIR,
+    FORMAT,
+    find_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+)
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.data_check import same_value
 from lbtrain.workloads import Workload
@@ -20,14 +27,43 @@ from lbtrain.workloads import Workload
 if TYPE_CHECKING:
     from lbtrain.trainer.engine import Engine
 
-__all__ = ["check_trainable", "follow_schedule", "read_checkpoint", "resumed_from"]
+__all__ = [
+    "AUTO",
+    "check_trainable",
+    "follow_schedule",
+    "read_checkpoint",
+    "recipe_differences",
+    "resumed_from",
+    "worlds_of",
+]
+
+# resume="auto": continue the run in `out` from its newest checkpoint, or start it there. The
+# same command then both starts a run and continues it after a restart (an elastic agent's,
+# a requeued job's), without a path to type.
+AUTO = "auto"
+
+# What makes two runs one recipe: the update sequence depends on these (the world, the
+# devices and the plan do not: the global batches and the exact weighting make them the
+# same on any ranks).
+RECIPE = (
+    "workload", "workload_options", "epochs", "global_batch", "optimizer", "lr", "momentum",
+    "weight_decay", "lr_schedule", "lr_step_epochs", "lr_gamma", "seed", "weighting",
+    "sync_batchnorm", "flush_denormals",
+)  # fmt: skip
 
 
-def read_checkpoint(resume: str | None) -> dict[str, Any] | None:
-    """The checkpoint `resume` names (None: a fresh run); refuses another format's."""
+def read_checkpoint(resume: str | None, out: str | None = None) -> dict[str, Any] | None:
+    """The checkpoint `resume` names, or with `AUTO` the newest in `out` (None: a fresh
+    run); refuses another format's."""
     if not resume:
         return None
-    path = find_checkpoint(resume)
+    if resume == AUTO:
+        found = list_checkpoints(Path(out or ".") / CHECKPOINT_DIR)
+        if not found:
+            return None  # nothing to continue: the run starts in `out`
+        path = found[-1]
+    else:
+        path = find_checkpoint(resume)
     state = load_checkpoint(path)
     if state.get("format") != FORMAT:
         raise ValueError(
@@ -37,6 +73,37 @@ def read_checkpoint(resume: str | None) -> dict[str, Any] | None:
         )
     state["path"] = str(path)
     return state
+
+
+def recipe_differences(config: TrainConfig, saved: dict[str, Any]) -> list[str]:
+    """The recipe settings in which `config` differs from a run's `saved` settings, as
+    "name=theirs (here: ours)"; empty when they are one recipe."""
+    differ = []
+    for name in RECIPE:
+        ours, theirs = getattr(config, name), _bool_of(saved.get(name))
+        if name == "workload_options":
+            ours, theirs = ours or {}, theirs or {}
+        if ours != theirs:
+            differ.append(f"{name}={theirs!r} (here: {ours!r})")
+    return differ
+
+
+def _bool_of(value: Any) -> Any:
+    """A setting as saved before the switches were booleans ("on"/"off")."""
+    return {"on": True, "off": False}.get(value, value) if isinstance(value, str) else value
+
+
+def worlds_of(checkpoint: dict[str, Any] | None, world_size: int) -> list[dict[str, int]]:
+    """The worlds a run has trained on, this one last: each with its number of ranks and the
+    global step from which it trained."""
+    if checkpoint is None:
+        return [{"ranks": world_size, "from_step": 0}]
+    worlds = [dict(w) for w in checkpoint.get("worlds") or []]
+    if not worlds:  # written before worlds were kept: the checkpoint's own
+        worlds = [{"ranks": len(checkpoint.get("ranks") or []) or world_size, "from_step": 0}]
+    if worlds[-1]["ranks"] != world_size:
+        worlds.append({"ranks": world_size, "from_step": int(checkpoint["global_step"])})
+    return worlds
 
 
 def resumed_from(checkpoint: dict[str, Any] | None) -> dict[str, Any] | None:

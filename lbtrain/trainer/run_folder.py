@@ -19,6 +19,7 @@ import shutil
 import time
 import warnings
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -26,7 +27,8 @@ from typing import IO, Any
 from lbtrain.outputs import check_creatable, writing
 from lbtrain.runs.folder import LOCK_FILE
 from lbtrain.trainer.checkpoint import CHECKPOINT_DIR, list_checkpoints
-from lbtrain.trainer.config import TrainConfig
+from lbtrain.trainer.config import TrainConfig, load_toml
+from lbtrain.trainer.resume import AUTO, recipe_differences
 
 __all__ = [
     "RUN_FILES",
@@ -77,8 +79,30 @@ def prepare_out(config: TrainConfig, checkpoint: dict[str, Any] | None) -> tuple
     if "\0" in str(out):
         raise ValueError(f"out {str(out)!r} is not a valid path (a NUL byte); name a folder")
     with writing("out", str(out)):  # a name too long, a loop of links: one line
+        if config.resume == AUTO:
+            config = _auto_run(out, config, checkpoint)
         clear = _check_out(out, config, checkpoint, resumed_run)
     return str(out), clear
+
+
+def _auto_run(out: Path, config: TrainConfig, checkpoint: dict[str, Any] | None) -> TrainConfig:
+    """resume=auto: `out` holds this recipe's run or none. A run that ended before its
+    first checkpoint starts over there (its files go, as with overwrite)."""
+    if checkpoint is not None:
+        saved, where = checkpoint.get("config") or {}, f"checkpoint {checkpoint['path']!r}"
+    elif (out / "config.toml").is_file():
+        saved, where = load_toml(out / "config.toml"), "config.toml"
+    else:
+        return config
+    differ = recipe_differences(config, saved)
+    if differ:
+        shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+        raise ValueError(
+            f"out {str(out)!r} holds another run (its {where} has {shown}); resume=auto "
+            f"continues only the same recipe: choose another folder, or continue that run "
+            f"with resume={str(out)!r}"
+        )
+    return config if checkpoint is not None else replace(config, overwrite=True)
 
 
 # The default folder this process made in prepare_out and has not started a run in yet.

@@ -117,7 +117,28 @@ def _start(setup: Setup) -> RunOutputs:
             else None,
         }
     )
+    changed = world_change(setup)
+    if changed is not None:
+        outputs.write({"type": "world", "time": time.time(), **changed})
     return outputs
+
+
+def world_change(setup: Setup) -> dict[str, Any] | None:
+    """How this session's world differs from the checkpoint's it continues, or None: the
+    ranks before and now, the global step it continues from, the batches before and now."""
+    checkpoint = setup.checkpoint
+    if checkpoint is None or len(setup.worlds) < 2:
+        return None
+    before, now = setup.worlds[-2]["ranks"], setup.worlds[-1]["ranks"]
+    if setup.worlds[-1]["from_step"] != int(checkpoint["global_step"]) or before == now:
+        return None  # the change was an earlier session's
+    return {
+        "from": before,
+        "to": now,
+        "global_step": int(checkpoint["global_step"]),
+        "old_batch_sizes": list(checkpoint["plan"]["batch_sizes"]),
+        "batch_sizes": list(setup.plan.batch_sizes),
+    }
 
 
 def end_record(wall_seconds: float) -> dict[str, Any]:

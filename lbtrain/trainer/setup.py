@@ -29,7 +29,7 @@ from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.data_check import check_same_data, data_identity
 from lbtrain.trainer.initial_plan import make_plan, plan_notes
 from lbtrain.trainer.optim import build_optimizer
-from lbtrain.trainer.resume import check_trainable, read_checkpoint
+from lbtrain.trainer.resume import check_trainable, read_checkpoint, worlds_of
 from lbtrain.trainer.run_folder import prepare_out
 from lbtrain.workloads import Workload
 
@@ -54,6 +54,8 @@ class Setup:
     slowdown_at: Callable[[int], Slowdown]
     profile_seconds: float
     started: float  # this session's start on the perf_counter clock
+    # The worlds the run trained on, this one last: {"ranks", "from_step"} each.
+    worlds: list[dict[str, int]]
 
     def seconds_so_far(self) -> dict[str, float]:
         """Wall and profiling seconds of the whole run: the sessions before a resume (as
@@ -88,7 +90,7 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     configure_logging(config.log_level)
     set_rank(comm.rank, thread=threading.current_thread() is not threading.main_thread())
     agree(comm, lambda: _check_extras(config))
-    checkpoint = root_value(comm, lambda: read_checkpoint(config.resume))
+    checkpoint = root_value(comm, lambda: read_checkpoint(config.resume, config.out))
     folder, clear = root_value(comm, lambda: prepare_out(config, checkpoint))
     replica, slowdown_at = _place(config, comm)
     workload, devices = _build_workload(config, comm, replica, checkpoint)
@@ -119,6 +121,7 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
         slowdown_at=slowdown_at,
         profile_seconds=time.perf_counter() - began,
         started=started,
+        worlds=worlds_of(checkpoint, comm.size),
     )
     _describe_plan(setup)
     return setup

@@ -83,6 +83,7 @@ def build_summary(
     profile_seconds: float,
     resumed_from: Mapping[str, Any] | None = None,
     flushing: Sequence[bool | None] | None = None,
+    worlds: Sequence[Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready summary.json of a run: totals, not the epochs (metrics.jsonl has them).
 
@@ -92,7 +93,8 @@ def build_summary(
     `wall_seconds` and `profile_seconds` cover every session of a resumed run, up to the
     checkpoint each continued from, and so do the training totals (on another world size
     each rank's time split covers only the sessions on that world). `flushing`: whether each
-    rank's CPU threads flushed subnormal floats at the end (`flushing_threads`).
+    rank's CPU threads flushed subnormal floats at the end (`flushing_threads`). `worlds`:
+    the numbers of ranks the run trained on, each with the global step it trained from.
     """
     ranks = _rank_rows(plan, devices, ranks_totals)
     seconds, steps = totals.seconds, totals.steps
@@ -104,6 +106,7 @@ def build_summary(
             "platform": platform.platform(),
         },
         "resumed_from": dict(resumed_from) if resumed_from else None,
+        "worlds": [dict(w) for w in worlds] if worlds else None,
         "flush_denormals": list(flushing) if flushing is not None else None,
         "world_size": plan.world_size,
         "policy": plan.policy,

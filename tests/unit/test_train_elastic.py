@@ -1,0 +1,114 @@
+"""resume=auto: one command starts a run and continues it after a restart on another world.
+
+A stop mid-epoch on 2 ranks stands for a lost node (the checkpoint at the stop loses no
+steps here); the same settings started again on 3 ranks find the run's newest checkpoint by
+themselves, re-plan for the new world, say so, and end on the weights of a run that was
+never stopped (float32: to 1e-5, since the new plan splits the same global batches
+otherwise). A folder holding another recipe is refused in one line. In-process ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lbtrain.collective import CollectiveError
+from lbtrain.comm import run_ranks
+from lbtrain.trainer import Callback, TrainConfig, train
+from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
+from tests.fixtures.faulty_runs import BATCH, FAULTY, final_model
+from tests.unit.test_train_resume_exact import StopAt
+
+EPOCHS = 4
+
+
+def _config(out: Path, **changes) -> TrainConfig:
+    settings = dict(
+        workload=FAULTY, global_batch=BATCH, threads=1, min_batch=1, epochs=EPOCHS,
+        lr_schedule="step", lr_step_epochs=1, lr_gamma=0.5, replan="off", quiet=True,
+        curves=False, time_budget=0.2, devices="cpu", out=str(out), resume="auto",
+    )  # fmt: skip
+    settings.update(changes)
+    return TrainConfig(**settings)
+
+
+def _train(config: TrainConfig, *stops: Callback, ranks: int) -> list[int]:
+    results = run_ranks(
+        ranks,
+        lambda comm: train(config, comm, callbacks=stops if comm.rank else ()).exit_code,
+        timeout=120,
+    )
+    for result in results:
+        if result.error is not None:
+            raise result.error
+    return [result.value for result in results]
+
+
+def _records(run: Path, kind: str) -> list[dict]:
+    lines = (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [r for r in map(json.loads, lines) if r["type"] == kind]
+
+
+def test_a_restart_on_another_world_continues_by_itself_and_ends_on_the_same_weights(tmp_path):
+    whole = tmp_path / "whole"
+    assert _train(_config(whole), ranks=2) == [0, 0]  # auto into a new folder: a fresh run
+    assert _records(whole, "world") == []
+
+    run = tmp_path / "elastic"
+    assert _train(_config(run), StopAt(1, 2), ranks=2) == [143, 143]
+    stopped = load_checkpoint(list_checkpoints(run / "checkpoints")[-1])["global_step"]
+    assert stopped == 5 + 3  # the request after step 2, seen at the next step's control
+    assert _train(_config(run), ranks=3) == [0, 0, 0]  # the same settings, one rank more
+
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    assert summary["worlds"] == [
+        {"ranks": 2, "from_step": 0},
+        {"ranks": 3, "from_step": stopped},
+    ]
+    (change,) = _records(run, "world")
+    assert (change["from"], change["to"], change["global_step"]) == (2, 3, stopped)
+    assert len(change["old_batch_sizes"]) == 2 and len(change["batch_sizes"]) == 3
+    assert sum(change["batch_sizes"]) == BATCH
+    assert [e["epoch"] for e in _records(run, "epoch")] == list(range(1, EPOCHS + 1))
+    ours, theirs = final_model(run), final_model(whole)
+    assert all(torch.allclose(ours[k], theirs[k], rtol=0, atol=1e-5) for k in ours)
+    # The check can fail: the weights after the stop are not yet the end's.
+    early = load_checkpoint(list_checkpoints(whole / "checkpoints")[0])["model"]
+    assert not all(torch.allclose(early[k], theirs[k], rtol=0, atol=1e-5) for k in early)
+
+
+def test_a_run_that_ended_before_its_first_checkpoint_starts_over_in_its_folder(tmp_path):
+    first = tmp_path / "first"
+    assert _train(_config(first, epochs=1), ranks=1) == [0]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_bytes((first / "config.toml").read_bytes())
+    (run / "metrics.jsonl").write_text('{"type": "start", "time": 0}\n', encoding="utf-8")
+    (run / "notes.txt").write_text("mine\n", encoding="utf-8")
+    # Its recipe is first's, with epochs=1: the same settings start over.
+    assert _train(_config(run, epochs=1), ranks=1) == [0]
+    assert len(_records(run, "start")) == 1 and (run / "summary.json").is_file()
+    assert (run / "notes.txt").read_text(encoding="utf-8") == "mine\n"  # not a run's file
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_folder_holding_another_recipe_is_refused_in_one_line(tmp_path, checkpointed):
+    run = tmp_path / "run"
+    assert _train(_config(run, epochs=1), ranks=1) == [0]
+    if not checkpointed:
+        for path in list_checkpoints(run / "checkpoints"):
+            path.unlink()
+    with pytest.raises(CollectiveError) as caught:
+        _train(_config(run, epochs=1, lr=0.5), ranks=1)
+    message = str(caught.value)
+    where = "checkpoint" if checkpointed else "config.toml"
+    assert f"holds another run (its {where}" in message and "lr=0.001 (here: 0.5)" in message
+    assert f"resume={str(run)!r}" in message and "\n" not in message
+
+
+def test_auto_needs_the_folder_it_continues():
+    with pytest.raises(ValueError, match="resume='auto' continues the run in out"):
+        TrainConfig(resume="auto").validate()
