@@ -12,6 +12,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -128,10 +129,15 @@ class StepSource:
             self._built.append(self.make_model())
         return self._built[0]
 
-    def profile(self, comm: Communicator, config: ProfileConfig) -> list[ReplicaProfile]:
-        """Every rank's profile on `config`'s ladder, named after the model; collective."""
+    def profile(
+        self, comm: Communicator, config: ProfileConfig, known: ReplicaProfile | None = None
+    ) -> list[ReplicaProfile]:
+        """Every rank's profile on `config`'s ladder, named after the model (this rank's
+        `known` one kept, if given, with only the sync timed again); collective."""
         model, optimizer = self.model()
-        extra = {} if self.host is None else {"host": self.host}
+        extra: dict[str, Any] = {} if self.host is None else {"host": self.host}
+        if known is not None:
+            extra["known"] = known
         profiles = profile_all(
             comm, model, optimizer, self.loss_fn, self.make_batch, device=self.device,
             config=config, slowdown=self.slowdown, sync_batchnorm=self.sync_batchnorm,
@@ -163,8 +169,12 @@ def measure_and_plan(
     time_budget: float,
     profiles: Sequence[ReplicaProfile] | None = None,
     say: Callable[[str], None] | None = None,
+    known: Sequence[ReplicaProfile | None] | None = None,
 ) -> tuple[BalancePlan, list[ReplicaProfile]]:
     """Profile every rank (unless `profiles` are given), plan, and re-time; collective.
+
+    `known`: a profile per rank from an earlier world on the same device, or None where
+    there is none; those ranks keep theirs instead of profiling (the sync is timed again).
 
     `time_budget` covers profiling and re-timing together, about: the ladder takes
     `LADDER_SHARE` of it, and re-timing's first round runs whatever is left. `say` gets
@@ -177,7 +187,7 @@ def measure_and_plan(
         config = agree(
             comm, lambda: ladder_config(request.global_batch, comm.size, time_budget, steps.seed)
         )
-        profiles = steps.profile(comm, config)
+        profiles = steps.profile(comm, config, known[comm.rank] if known else None)
         logger.debug("profiling took %.2f s (time_budget %g s)",
                      time.perf_counter() - started, time_budget)  # fmt: skip
     profiles = list(profiles)

@@ -369,7 +369,9 @@ def profile_all(
             workload); rank and memory_share default to this rank and 1 / ranks on its node;
             and `sync_batchnorm` (default True): training synchronises BatchNorm, so on
             several ranks each rank's steps compute as its layers will, and `time_sync`
-            counts their collectives.
+            counts their collectives; and `known` (default None): this rank's profile from
+            an earlier world on the same device, which it keeps instead of profiling again
+            (the sync, which depends on the world, is timed afresh).
 
     Returns:
         One ReplicaProfile per rank. Unless the config names a reference batch, every
@@ -383,11 +385,15 @@ def profile_all(
         kwargs.setdefault("host", layout.host)
     # Start together: ranks sharing a node should be measured while all of them compete.
     sync_batchnorm = bool(kwargs.pop("sync_batchnorm", True))
+    known = kwargs.pop("known", None)
     comm.barrier()
-    profile = profile_replica(
-        model, optimizer, loss_fn, make_batch, rank=comm.rank,
-        sync_batchnorm=sync_batchnorm and comm.size > 1, **kwargs,
-    )  # fmt: skip
+    if known is not None:
+        profile = dataclasses.replace(known, rank=comm.rank)
+    else:
+        profile = profile_replica(
+            model, optimizer, loss_fn, make_batch, rank=comm.rank,
+            sync_batchnorm=sync_batchnorm and comm.size > 1, **kwargs,
+        )  # fmt: skip
     # After every rank's compute, as in training; time_sync is collective and gives every
     # rank the same (slowest rank's) figure.
     seconds, nbytes = time_sync(

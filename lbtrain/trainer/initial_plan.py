@@ -37,10 +37,12 @@ def make_plan(
     devices: list[dict[str, Any]],
 ) -> tuple[BalancePlan, list[ReplicaProfile] | None]:
     """The plan: the checkpoint's on the same ranks, a plan file, or profile and plan now."""
+    known = None
     if checkpoint is not None:
         resumed = _resumed_plan(comm, config, checkpoint, devices)
         if resumed is not None:
             return resumed
+        known = _known_profiles(checkpoint, devices)
     if config.plan:
         data = root_value(comm, lambda: _read_plan(config.plan))
         plan = agree(comm, lambda: _plan_from(data, config, comm.size))
@@ -53,10 +55,37 @@ def make_plan(
     steps = workload_steps(replica, workload, make_optimizer, seed=config.seed,
                            sync_batchnorm=config.sync_batchnorm)  # fmt: skip
     quiet = config.quiet or comm.rank != 0
+    if known is not None and profiles is None and not quiet:
+        new = [rank for rank, profile in enumerate(known) if profile is None]
+        print(
+            f"keeping the checkpoint's profiles of {plural(comm.size - len(new), 'rank')} on "
+            f"the same devices; profiling {'only ranks ' if new else 'none of the ranks'}"
+            f"{', '.join(map(str, new))}",
+            flush=True,
+        )
     return measure_and_plan(
         comm, steps, _request(config), config.time_budget, profiles,
-        say=None if quiet else lambda line: print(line, flush=True),
+        say=None if quiet else lambda line: print(line, flush=True), known=known,
     )  # fmt: skip
+
+
+def _known_profiles(
+    checkpoint: dict[str, Any], devices: list[dict[str, Any]]
+) -> list[ReplicaProfile | None] | None:
+    """Each rank's profile from the checkpoint's world where a rank there ran on the same
+    host, device, threads and slowdown (None where none did), or None if no rank did."""
+    saved, before = checkpoint.get("profiles") or [], checkpoint.get("devices") or []
+    if not saved or len(saved) != len(before):
+        return None
+    by_key = {
+        _device_key(d): ReplicaProfile.from_dict(p) for d, p in zip(before, saved, strict=True)
+    }
+    known = [by_key.get(_device_key(d)) for d in devices]
+    return known if any(p is not None for p in known) else None
+
+
+def _device_key(device: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(device.get(key) for key in ("host", "device", "threads", "slowdown"))
 
 
 def _request(config: TrainConfig) -> PlanRequest:
