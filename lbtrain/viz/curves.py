@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from lbtrain.viz._deps import pyplot, save_figure
-from lbtrain.viz.records import epoch_records, eval_records, replan_epochs, resume_epochs
+from lbtrain.viz.records import (
+    epoch_records,
+    eval_records,
+    replan_epochs,
+    resume_epochs,
+    world_changes,
+)
 
 __all__ = ["draw_curves", "eval_series", "plot_curves"]
 
@@ -96,6 +102,11 @@ def _marks(axes: list[Any], records: list[dict[str, Any]]) -> int:
             )
         for index, epoch in enumerate(resumes):
             axis.axvline(epoch + 0.5, label="resumed" if index == 0 else None, **_RESUME_STYLE)
+        for epoch, before, now in world_changes(records):  # at the bottom, clear of re-plans
+            axis.annotate(f"{before} -> {now} ranks", (epoch + 0.5, 0.0),
+                          xycoords=("data", "axes fraction"), xytext=(3, 3),
+                          textcoords="offset points", ha="left", va="bottom", fontsize=8,
+                          color=_RESUME_STYLE["color"])  # fmt: skip
         for index, stop in enumerate(stops):
             # A stop happens inside its (1-based) epoch, so the line sits on the epoch itself.
             axis.axvline(stop["epoch"], label="stopped" if index == 0 else None, **_STOP_STYLE)

@@ -37,6 +37,7 @@ __all__ = [
     "replan_epochs",
     "resume_epochs",
     "truncate_after",
+    "world_changes",
 ]
 
 
@@ -213,6 +214,19 @@ def replan_epochs(records: list[dict[str, Any]]) -> list[tuple[int, list[int]]]:
         for r in epoch_records(records)
         if r.get("replan")
     ]
+
+
+def world_changes(records: list[dict[str, Any]]) -> list[tuple[int, int, int]]:
+    """(epoch it continued after, ranks before, ranks now) of each resume on another world,
+    from its ``world`` record and the start record before it."""
+    changes, epoch = [], None
+    for r in records:
+        if r["type"] == "start":
+            at = r.get("resumed_at")
+            epoch = int(at.get("epoch", 0)) if isinstance(at, dict) else None
+        elif r["type"] == "world" and epoch is not None:
+            changes.append((epoch, int(r.get("from", 0)), int(r.get("to", 0))))
+    return changes
 
 
 def resume_epochs(records: list[dict[str, Any]]) -> list[int]:
