@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,7 @@ from lbtrain.cli.common import add_backend_argument, add_workload_options
 from lbtrain.cli.flags import HelpFormatter, add_settings, flag, translate
 from lbtrain.collective import agree, root_value
 from lbtrain.comm import Communicator
+from lbtrain.comm.launchers import shared_store_hazard
 from lbtrain.text import plural
 from lbtrain.trainer.checkpoint import find_checkpoint, load_checkpoint
 from lbtrain.trainer.config import TrainConfig, load_toml
@@ -149,6 +151,9 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
     from lbtrain.trainer import train
 
     given = vars(args)
+    hazard = shared_store_hazard()
+    if hazard is not None and comm.rank == 0:
+        warnings.warn(hazard, stacklevel=1)
     try:
         file = root_value(comm, lambda: load_toml(given["config"])) if "config" in given else {}
         resume = given.get("resume", file.get("resume"))

@@ -24,6 +24,7 @@ __all__ = [
     "launched_by_torchrun",
     "launcher_rank",
     "mpi_world_size",
+    "shared_store_hazard",
     "torchrun_local_rank",
 ]
 
@@ -179,6 +180,23 @@ def detect_launcher(environ: Mapping[str, str] | None = None) -> str | None:
         "--nproc-per-node N -m lbtrain ...` (on Slurm, one torchrun per node: `srun "
         "--ntasks-per-node 1 torchrun --nnodes $SLURM_NNODES --rdzv-backend c10d ...`), or "
         f"unset the other's variables (here {mpi_name} or {torch_name})"
+    )
+
+
+def shared_store_hazard(environ: Mapping[str, str] | None = None) -> str | None:
+    """One line when torchrun's elastic agent may restart these workers on the store it
+    shares across restarts, where a restarted worker connects to a lost rank's address and
+    hangs (torch 2.13: pytorch#135712; scripts/elastic_probe.py shows it); else None."""
+    env = _env(environ)
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not restarts.isdigit():
+        return None
+    if int(restarts) == 0:
+        return None
+    return (
+        f"torchrun may restart these workers (--max-restarts {restarts}) on the store its agents "
+        "share across restarts, where a restarted worker can hang connecting to a lost rank; "
+        "start the agents with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in their environment"
     )
 
 

@@ -246,7 +246,7 @@ def test_a_vanished_peer_is_reported_by_one_survivor_and_other_errors_pass(gloo_
     with pytest.raises(RankLost, match="lost contact with another rank"):
         with first._guard():
             raise lost
-    assert second._claim() == 1  # the key is taken: this one would leave quietly, status 1
+    assert second._claim() == 75  # the key is taken: this one leaves quietly, "restart me"
     store.set("abort", "130:1")  # a rank that aborted with its message left its status
     assert first._claim() == 130
     with pytest.raises(RankLost):  # no store: nobody to agree with, so it says it
@@ -298,3 +298,16 @@ def test_close_destroys_the_groups_lbtrain_made_and_leaves_a_callers_alone():
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_an_elastic_restart_on_the_agents_shared_store_is_warned_of():
+    from lbtrain.comm.launchers import shared_store_hazard
+
+    elastic = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "2"}
+    line = shared_store_hazard(elastic)
+    assert line is not None and "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in line
+    assert "--max-restarts 2" in line and "\n" not in line
+    # No restarts, a store per round, or no agent: nothing to say.
+    assert shared_store_hazard({**elastic, "TORCHELASTIC_MAX_RESTARTS": "0"}) is None
+    assert shared_store_hazard({**elastic, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None
+    assert shared_store_hazard({}) is None
