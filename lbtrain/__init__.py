@@ -28,6 +28,7 @@ _EXPORTS = {
     "convert_sync_batchnorm": "lbtrain.parallel",
     "flush_denormals": "lbtrain.denormals",
     "plan_for": "lbtrain.parallel",
+    "TrainState": "lbtrain.parallel",
     "BalancedLoader": "lbtrain.data",
     "balanced_loader": "lbtrain.data",
     "GradientSync": "lbtrain.parallel.gradients",

@@ -61,6 +61,11 @@ class BalancedLoader(DataLoader):
         """Switch to `plan` from the next epoch (re-planning); the same on every rank."""
         self.batch_sampler.set_plan(plan)
 
+    def start_at(self, step: int) -> None:
+        """Begin the next pass over the epoch at `step` (a resume mid-epoch: the steps
+        before it are done), then from 0 again; the same on every rank."""
+        self.batch_sampler.start_at(step)
+
     @property
     def empty(self) -> bool:
         """True when the plan gives this rank no samples: every batch it yields is empty."""
@@ -68,18 +73,20 @@ class BalancedLoader(DataLoader):
         return sampler.plan.batch_sizes[sampler.rank] == 0
 
     def __iter__(self) -> Iterator[Any]:
-        schedule = self.batch_sampler.schedule
+        first = self.batch_sampler.first_step  # read before the sampler's pass resets it
+        schedule = self.batch_sampler.schedule[first:]
         rank, epoch = self.batch_sampler.rank, self.batch_sampler.epoch
         if self.empty:
             # No indices to fetch, and no worker processes to start for nothing.
-            for step, (start, stop, _) in enumerate(schedule):
+            self.batch_sampler.first_step = 0
+            for step, (start, stop, _) in enumerate(schedule, start=first):
                 self._at(epoch, step, 0, stop - start)
                 yield self.empty_batch()
             return
         # Workers prefetch ahead of the consumer, so the weight follows the batches
         # handed out, not the sampler's position.
         batches = zip(schedule, super().__iter__(), strict=False)
-        for step, ((start, stop, shares), batch) in enumerate(batches):
+        for step, ((start, stop, shares), batch) in enumerate(batches, start=first):
             self._at(epoch, step, shares[rank], stop - start)
             yield batch
 

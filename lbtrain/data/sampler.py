@@ -158,11 +158,22 @@ class BalancedBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.drop_last = drop_last
         self.epoch = 0
+        self.first_step = 0  # where the next pass begins (start_at)
         self._schedule = epoch_schedule(num_samples, plan, drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the permutation of `epoch`; call it with the same value on every rank."""
         self.epoch = whole("epoch", epoch, low=0)
+
+    def start_at(self, step: int) -> None:
+        """Begin the next pass over the epoch at `step` (a resume mid-epoch), then from 0
+        again; the same on every rank."""
+        self.first_step = whole("step", step, low=0)
+        if step >= len(self._schedule):
+            raise ValueError(
+                f"step={step} is beyond the epoch's {len(self._schedule)} steps; give a step "
+                f"below {len(self._schedule)}"
+            )
 
     def set_plan(self, plan: BalancePlan) -> None:
         """Share later batches by `plan` (re-planning); call with the same plan on every rank.
@@ -209,7 +220,8 @@ class BalancedBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         perm = self.permutation()
-        for start, _, shares in self._schedule:
+        first, self.first_step = self.first_step, 0
+        for start, _, shares in self._schedule[first:]:
             offset = start + sum(shares[: self.rank])
             yield perm[offset : offset + shares[self.rank]].tolist()
 

@@ -23,6 +23,7 @@ _EXPORTS = {
     "GradientSync": "lbtrain.parallel.gradients",
     "ModelMismatch": "lbtrain.parallel.layout",
     "SyncBatchNorm": "lbtrain.parallel.batchnorm",
+    "TrainState": "lbtrain.parallel.train_state",
     "WeightedHookState": "lbtrain.parallel.ddp_hook",
     "check_same_model": "lbtrain.parallel.layout",
     "convert_sync_batchnorm": "lbtrain.parallel.batchnorm",

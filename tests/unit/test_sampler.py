@@ -222,3 +222,18 @@ def test_any_whole_seed_draws_a_permutation_and_small_ones_are_unchanged():
     assert order(2**64 + 3) == order(3)
     expected = torch.randperm(16, generator=torch.Generator().manual_seed(3)).tolist()
     assert order(3) == expected
+
+
+def test_a_pass_can_begin_mid_epoch_once_then_from_the_start_again():
+    """A resume mid-epoch (TrainState): the next pass starts at the step asked, numbered as
+    in the whole epoch, with the whole epoch's batches; the pass after starts at 0."""
+    data = TensorDataset(torch.arange(30))
+    loader = balanced_loader([1.0, 2.0], data, global_batch_size=6, rank=1, seed=5)
+    loader.set_epoch(2)
+    whole = [batch[0].tolist() for batch in loader]
+    loader.start_at(3)
+    resumed = [(loader.step, batch[0].tolist()) for batch in loader]
+    assert resumed == list(enumerate(whole))[3:]
+    assert [batch[0].tolist() for batch in loader] == whole  # the next pass: whole again
+    with pytest.raises(ValueError, match="step=5 is beyond the epoch's 5 steps"):
+        loader.start_at(5)
