@@ -45,8 +45,10 @@ AUTO = "auto"
 # What makes two runs one recipe: the update sequence depends on these (the world, the
 # devices and the plan do not: the global batches and the exact weighting make them the
 # same on any ranks).
+# The workload's own options are its signature's to judge (check_trainable): a data folder
+# may move with the nodes, the data may not.
 RECIPE = (
-    "workload", "workload_options", "epochs", "global_batch", "optimizer", "lr", "momentum",
+    "workload", "epochs", "global_batch", "optimizer", "lr", "momentum",
     "weight_decay", "lr_schedule", "lr_step_epochs", "lr_gamma", "seed", "weighting",
     "sync_batchnorm", "flush_denormals",
 )  # fmt: skip
@@ -81,8 +83,6 @@ def recipe_differences(config: TrainConfig, saved: dict[str, Any]) -> list[str]:
     differ = []
     for name in RECIPE:
         ours, theirs = getattr(config, name), _bool_of(saved.get(name))
-        if name == "workload_options":
-            ours, theirs = ours or {}, theirs or {}
         if ours != theirs:
             differ.append(f"{name}={theirs!r} (here: {ours!r})")
     return differ

@@ -1,15 +1,17 @@
-"""`lbtrain train --resume auto` under torchrun's elastic agent: a lost node costs the steps
-since the last checkpoint, never the run, and the model comes out the same.
+"""`lbtrain train --resume auto` under torchrun's elastic agent: a crashed worker or a lost
+node costs the steps since the last checkpoint, never the run, and the model comes out the
+same.
 
 Three agents (`--nnodes 1:3 --nproc-per-node 1 --max-restarts 2`, one c10d rendezvous on
-localhost) train the faulty workload. During epoch 2 (found from the workload's marker
-file, not a sleep) one agent that does not host the rendezvous store is killed with its
-worker (torchrun starts each worker in a session of its own, so the agent's process group
-alone would leave it running). The survivors' collectives fail, they exit 75 ("restart
-me"), their agents start them again on a world of 2, and the same command continues from
-the run's newest checkpoint, re-planned: the job ends with status 0 and the weights of a
-3-rank run that was never stopped (float32: to 1e-5; the lost steps are redone on the same
-global batches, split otherwise).
+localhost) train the faulty workload. In epoch 2 rank 1 raises, once: the agents start every
+worker again on 3 ranks, and the run continues from its checkpoint. In epoch 3 (found from
+the workload's marker file, not a sleep) one agent that does not host the rendezvous store
+is killed with its worker (torchrun starts each worker in a session of its own, so the
+agent's process group alone would leave it running). The survivors' collectives fail, they
+exit 75 ("restart me"), their agents start them again on a world of 2, and the same command
+continues from the run's newest checkpoint, re-planned: the job ends with status 0 and the
+weights of a 3-rank run that was never stopped (float32: to 1e-5; the lost steps are redone
+on the same global batches, split otherwise).
 
 The agents run with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch's default store, shared
 across rendezvous rounds, leaves a restarted worker connecting to the lost rank's address
@@ -124,18 +126,20 @@ def _uninterrupted(out: Path) -> dict[str, torch.Tensor]:
     return final_model(out)
 
 
-def test_a_lost_node_costs_the_steps_since_the_checkpoint_never_the_run(tmp_path):
+def test_a_crashed_worker_then_a_lost_node_cost_steps_never_the_run(tmp_path):
     run, markers = tmp_path / "run", tmp_path / "markers"
-    # Step 7 of a process is step 2 of epoch 2 (5 steps an epoch); slower from there, so
-    # the kill lands inside the epoch.
-    args = [*TRAIN, "--out", str(run), "--fault-step", "7", "--step-sleep", "0.2",
-            "--pid-dir", str(markers)]  # fmt: skip
+    # A process's step 7: in its first start, step 2 of epoch 2, where rank 1 raises (once:
+    # only in the agents' first start); started again from the checkpoint of epoch 1, it is
+    # step 1 of epoch 3, where one agent is lost. Slower from there, so the kill lands
+    # inside the epoch.
+    args = [*TRAIN, "--out", str(run), "--fault", "raise-once", "--fault-rank", "1",
+            "--fault-step", "7", "--step-sleep", "0.2", "--pid-dir", str(markers)]  # fmt: skip
     agents = Agents(tmp_path, args)
     try:
         agents.start_store_host("A")
         agents.start("B")
         agents.start("C")
-        agents.wait_for("markers/rank-*.step-7")
+        agents.wait_for("markers/attempt-1.rank-*")
         killed, killed_at = time.monotonic(), time.time()
         agents.kill("B")
         codes = agents.finish()
@@ -144,15 +148,17 @@ def test_a_lost_node_costs_the_steps_since_the_checkpoint_never_the_run(tmp_path
             kill_job(process.pid)
     assert codes == {"A": 0, "C": 0}, agents.output()
     took = time.monotonic() - killed
+    logs = agents.output()
+    assert "InjectedFault: injected fault on rank 1 at step 7" in logs, logs
+    assert "exitcode: 75" in logs and "world 3 -> 2 ranks at global step 10" in logs, logs
     summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
-    worlds = summary["worlds"]
-    assert [w["ranks"] for w in worlds] == [3, 2], (worlds, agents.output())
-    assert worlds[1]["from_step"] == summary["resumed_from"]["global_step"] == 5, worlds
+    assert summary["worlds"] == [{"ranks": 3, "from_step": 0}, {"ranks": 2, "from_step": 10}]
+    assert summary["resumed_from"]["global_step"] == 10, summary["resumed_from"]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["resumed_at"]["epoch"] for r in records if r["type"] == "start"
+            and r["resumed_at"]] == [1, 2]  # fmt: skip
     (change,) = [r for r in records if r["type"] == "world"]
     assert len(change["old_batch_sizes"]) == 3 and len(change["batch_sizes"]) == 2, change
-    logs = agents.output()
-    assert "exitcode: 75" in logs and "world 3 -> 2 ranks at global step 5" in logs, logs
     ours, theirs = final_model(run), _uninterrupted(tmp_path / "whole")
     worst = max(float((ours[k] - theirs[k]).abs().max()) for k in ours)
     assert worst <= 1e-5, worst
