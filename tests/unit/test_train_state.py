@@ -17,6 +17,7 @@ from torch.utils.data import TensorDataset
 
 from lbtrain import BalancedDataParallel, TrainState, balanced_loader
 from lbtrain.comm import SingleProcessCommunicator, run_ranks
+from lbtrain.comm.local import RankAborted
 
 EPOCHS, BATCH, SEED = 3, 12, 3
 generator = torch.Generator().manual_seed(0)
@@ -50,9 +51,9 @@ def loop(comm, shares: list[float], path: Path, stop_after: int | None = None) -
 
 def _ranks(count: int, shares: list[float], path: Path, stop_after: int | None = None) -> list:
     results = run_ranks(count, lambda comm: loop(comm, shares, path, stop_after), timeout=60)
-    for result in results:
-        if result.error is not None:
-            raise result.error
+    errors = [result.error for result in results if result.error is not None]
+    if errors:  # a rank's own error, not another's RankAborted from the race that follows it
+        raise next((e for e in errors if not isinstance(e, RankAborted)), errors[0])
     return [result.value for result in results]
 
 
