@@ -83,6 +83,8 @@ def build_summary(
     profile_seconds: float,
     resumed_from: Mapping[str, Any] | None = None,
     flushing: Sequence[bool | None] | None = None,
+    checkpoints: int = 0,
+    checkpoint_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """The JSON-ready summary.json of a run: totals, not the epochs (metrics.jsonl has them).
 
@@ -93,6 +95,8 @@ def build_summary(
     checkpoint each continued from, and so do the training totals (on another world size
     each rank's time split covers only the sessions on that world). `flushing`: whether each
     rank's CPU threads flushed subnormal floats at the end (`flushing_threads`).
+    `checkpoints` were written in all sessions, in `checkpoint_seconds` (rank 0's; as in
+    `wall_seconds`, without the write of the checkpoint a session resumed from).
     """
     ranks = _rank_rows(plan, devices, ranks_totals)
     seconds, steps = totals.seconds, totals.steps
@@ -111,6 +115,8 @@ def build_summary(
         "wall_seconds": wall_seconds,
         "profile_seconds": profile_seconds,
         "train_seconds": seconds,
+        "checkpoints": checkpoints,
+        "checkpoint_seconds": checkpoint_seconds,
         "epochs_run": totals.epochs,
         "steps": steps,
         "samples_per_second": totals.samples / seconds if seconds > 0 else None,
@@ -178,7 +184,7 @@ def format_summary(
     throughput = summary["samples_per_second"]
     lines.append(
         f"  wall time {summary['wall_seconds']:.1f} s (profiling {summary['profile_seconds']:.1f}"
-        f" s, training {summary['train_seconds']:.1f} s)"
+        f" s, training {summary['train_seconds']:.1f} s{_checkpoints(summary)})"
         + (f", {throughput:,.0f} samples/s" if throughput else "")
     )
     lines += _step_lines(summary)
@@ -205,6 +211,12 @@ def format_summary(
         shown = shlex.quote(os.fspath(folder))
         lines += ["", f"  run folder: {shown}  (see: lbtrain show {shown})"]
     return "\n".join(lines)
+
+
+def _checkpoints(summary: Mapping[str, Any]) -> str:
+    """The checkpoints' part of the wall time (`, checkpoints 0.4 s`), where it shows."""
+    shown = f"{summary.get('checkpoint_seconds') or 0.0:.1f}"
+    return f", checkpoints {shown} s" if shown != "0.0" else ""
 
 
 def _step_lines(summary: Mapping[str, Any]) -> list[str]:
