@@ -83,7 +83,8 @@ def _devices(labels: Sequence[str]) -> str:
 # Recipe settings that change neither what a run trains nor how fast: never a column.
 _NOT_COMPARED = frozenset(
     ("out", "resume", "overwrite", "quiet", "log_every", "log_level", "curves", "keep",
-     "checkpoint_every", "eval_batch", "config", "trace", "tensorboard")
+     "checkpoint_every", "checkpoint_seconds", "eval_batch", "config", "trace",
+     "tensorboard")
 )  # fmt: skip
 # The most settings shown as columns; the rest are named in a note.
 MAX_SETTINGS = 6

@@ -201,7 +201,7 @@ def _checkpoints(setup: Setup) -> CheckpointCallback:
             lambda: save_checkpoint(setup.out / CHECKPOINT_DIR, state, config.keep)
         )
 
-    return CheckpointCallback(save, config.checkpoint_every)
+    return CheckpointCallback(save, config.checkpoint_every, config.checkpoint_seconds)
 
 
 def _callbacks(setup: Setup, outputs: RunOutputs) -> list[Callback]:

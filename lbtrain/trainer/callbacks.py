@@ -3,7 +3,8 @@ evaluation, checkpoints. The engine calls them in the order of their `order`.
 
 Every callback runs on every rank and decides from values every rank holds alike (the
 control allreduce's sums, the allgathered epoch figures), so all ranks act at the same step
-without another collective; what only rank 0 does (printing, writing) it says so.
+without another collective (a checkpoint's write, collective already, shares rank 0's timing
+of it with one small broadcast); what only rank 0 does (printing, writing) it says so.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from lbtrain.balancer import BalancePlan
 from lbtrain.trainer.control import Control
-from lbtrain.trainer.engine import Callback, Engine, TrainingDiverged
+from lbtrain.trainer.engine import Callback, Engine, RunState, TrainingDiverged
 from lbtrain.trainer.progress import Progress
 from lbtrain.trainer.records import EpochRecord
 from lbtrain.trainer.replanner import Replanner
@@ -24,6 +25,7 @@ from lbtrain.trainer.summary import format_metric
 from lbtrain.trainer.timing import PendingTimes, StepTimes
 
 __all__ = [
+    "CHECKPOINT_SHARE",
     "DIVERGENCE_FACTOR",
     "DIVERGENCE_PATIENCE",
     "CheckpointCallback",
@@ -32,6 +34,8 @@ __all__ = [
     "MetricsCallback",
     "ProgressCallback",
     "ReplanCallback",
+    "checkpoint_steps",
+    "slowest_step_seconds",
 ]
 
 
@@ -270,19 +274,85 @@ class EvaluateCallback(Callback):
         self.evaluations = list(state.get("evaluations", []))
 
 
+# Writing checkpoints by time may take at most this share of the training time: a write
+# that takes longer than this share of the interval lengthens the interval.
+CHECKPOINT_SHARE = 0.02
+
+
+def checkpoint_steps(
+    seconds: float, step_seconds: float, save_seconds: float, share: float = CHECKPOINT_SHARE
+) -> int:
+    """Steps between checkpoints by time: as many as fit in `seconds` (so a lost rank costs
+    at most that much work), unless a write of `save_seconds` would then take more than
+    `share` of the time: then as many as make it `share`. At least 1; 0 (none by time)
+    when `seconds` is 0 or no step time is known yet."""
+    if seconds <= 0 or step_seconds <= 0:
+        return 0
+    # The tolerance keeps 20 s of 4 s steps at 5 whatever the float rounding of 4.
+    within = math.floor(seconds / step_seconds + 1e-9)
+    affordable = math.ceil(save_seconds / share / step_seconds - 1e-9)
+    return max(1, within, affordable)
+
+
+def slowest_step_seconds(record: EpochRecord) -> float:
+    """The epoch's seconds per step on the slowest rank's clock, from the allgathered figures
+    (the same on every rank); 0 when no rank ran a step of it in this world."""
+    return max((r["seconds"] / r["steps"] for r in record.ranks if r["steps"] > 0), default=0.0)
+
+
+def trained_seconds(state: RunState) -> float:
+    """This rank's seconds of training in the run so far, the epoch in progress included:
+    the epochs' time, which leaves out evaluations and checkpoints' writes."""
+    record = state.record
+    return state.totals.seconds + (record.seconds if record is not None and state.step else 0.0)
+
+
 class CheckpointCallback(Callback):
-    """Saves every `every` epochs, after the last one, and where a signal stopped the run."""
+    """Saves every `every` epochs, after the last one, where a signal stopped the run, and
+    every `seconds` of training (mid-epoch too; 0: not by time).
+
+    The time becomes a number of steps from figures every rank holds alike, so every rank
+    saves at the same step (the save is collective) without another collective: the plan's
+    predicted step until something is measured, then the step time rank 0 measured between
+    its last two saves (shared by the save), and each epoch's slowest rank's (training
+    time: evaluations and writes left out). A save's own time (rank 0's) lengthens the
+    interval, so that saving by time costs at most `CHECKPOINT_SHARE` of the run, and is
+    left out of the epoch's time.
+    """
 
     order = 60
+    key = "checkpoints"
 
-    def __init__(self, save: Callable[[Engine], Path | None], every: int) -> None:
-        self.save, self.every = save, every
+    def __init__(
+        self, save: Callable[[Engine], Path | None], every: int, seconds: float = 0.0
+    ) -> None:
+        self.save, self.every, self.seconds = save, every, seconds
         self.saved_at: int | None = None  # the global step of the newest checkpoint
         self.path: Path | None = None
+        # Checkpoints written in all sessions (each counts itself) and rank 0's seconds of
+        # the writes before the newest, as wall_seconds has them.
+        self.count, self.total = 0, 0.0
+        self.steps = 0  # between checkpoints by time
+        self._step_seconds = self._save_seconds = 0.0
+        self._since, self._trained = 0, 0.0  # the global step and training time of the latest
+
+    def on_fit_start(self, engine: Engine) -> None:
+        self._since, self._trained = engine.state.global_step, trained_seconds(engine.state)
+        self._step_seconds = engine.plan.predicted_step_time
+        self._plan()
+
+    def on_step_end(
+        self, engine: Engine, control: Control, times: StepTimes | PendingTimes
+    ) -> None:
+        # At an epoch's last step the epoch's end decides, with the epoch counted.
+        if engine.state.step < len(engine.loader) and self._due(engine):
+            self._save(engine, mid_epoch=True)
 
     def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
+        self._step_seconds = slowest_step_seconds(record) or self._step_seconds
+        self._plan()
         epoch = record.epoch + 1
-        if engine.state.finished or (self.every and epoch % self.every == 0):
+        if engine.state.finished or (self.every and epoch % self.every == 0) or self._due(engine):
             self._save(engine)
 
     def on_fit_end(self, engine: Engine) -> None:
@@ -291,6 +361,32 @@ class CheckpointCallback(Callback):
         if self.saved_at != engine.state.global_step:
             self._save(engine)
 
-    def _save(self, engine: Engine) -> None:
+    def _due(self, engine: Engine) -> bool:
+        return bool(self.steps) and engine.state.global_step - self._since >= self.steps
+
+    def _plan(self) -> None:
+        self.steps = checkpoint_steps(self.seconds, self._step_seconds, self._save_seconds)
+
+    def _save(self, engine: Engine, mid_epoch: bool = False) -> None:
+        state, timer = engine.state, engine.timer
+        began = timer.now()
+        self.count += 1
         self.path = self.save(engine)
-        self.saved_at = engine.state.global_step
+        took = timer.now() - began
+        if mid_epoch:  # the steps' time stays the steps'
+            engine.leave_out(took)
+        # Rank 0's figures for every rank: the save was collective, so they are at hand.
+        trained, took_0 = engine.comm.bcast((trained_seconds(state) - self._trained, took), root=0)
+        if state.global_step > self._since and trained > 0:
+            self._step_seconds = trained / (state.global_step - self._since)
+        self._save_seconds = took_0
+        self.total += took_0
+        self.saved_at = self._since = state.global_step
+        self._trained = trained_seconds(state)
+        self._plan()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "seconds": self.total}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count, self.total = int(state.get("count", 0)), float(state.get("seconds", 0.0))

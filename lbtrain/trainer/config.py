@@ -25,7 +25,11 @@ from lbtrain.balancer import POLICIES
 # The help of the settings quotes these: read from the code, never typed again. (Importing
 # them costs nothing more: the package lbtrain.trainer imports all its modules anyway.)
 from lbtrain.profiling.measured_plan import LADDER_SHARE
-from lbtrain.trainer.callbacks import DIVERGENCE_FACTOR, DIVERGENCE_PATIENCE
+from lbtrain.trainer.callbacks import (
+    CHECKPOINT_SHARE,
+    DIVERGENCE_FACTOR,
+    DIVERGENCE_PATIENCE,
+)
 from lbtrain.trainer.replanner import MIN_EPOCHS, REPLAN_GAIN, SIGMAS
 from lbtrain.trainer.settings import (
     GROUPS,
@@ -148,7 +152,13 @@ class TrainConfig:
     eval_every: int = setting(0, "evaluate every N epochs (0: only at the end)", EVAL, low=0)
     eval_batch: int = setting(256, "samples per forward pass when evaluating", EVAL, low=1)
     checkpoint_every: int = setting(
-        1, "write a checkpoint every N epochs (0: only at the end)", EVAL, low=0)  # fmt: skip
+        1, "write a checkpoint every N epochs (0: only at the end; those by checkpoint_seconds "
+        "besides)", EVAL, low=0)  # fmt: skip
+    checkpoint_seconds: float = setting(
+        60.0, "also write a checkpoint every S seconds of training, mid-epoch too, so a lost "
+        "rank costs at most about that much work; longer where writing one would otherwise "
+        f"take more than {CHECKPOINT_SHARE:.0%} of the training time (0: by epochs only)",
+        EVAL, low=0.0, metavar="S")  # fmt: skip
     keep: int = setting(2, "checkpoints kept, the newest", EVAL, low=1)
     out: str | None = setting(
         None, "output folder; one that is not empty is refused unless overwrite=True", RUN,

@@ -172,6 +172,7 @@ class Engine:
             self.timer.now, self._sync_device if device.type == "cuda" else None
         )
         self._timed: list[StepTimes | PendingTimes] = []  # this epoch's, not yet counted
+        self._began = 0.0  # when the epoch in progress began, on the timer's clock
 
     @property
     def plan(self) -> BalancePlan:
@@ -182,6 +183,10 @@ class Engine:
         """Let every callback release what it holds."""
         for callback in self.callbacks:
             callback.close()
+
+    def leave_out(self, seconds: float) -> None:
+        """Leave `seconds` spent mid-epoch (a checkpoint's write) out of the epoch's time."""
+        self._began += seconds
 
     def log(self, entry: dict[str, Any]) -> None:
         """Hand a metrics entry to the callbacks that keep them."""
@@ -259,7 +264,7 @@ class Engine:
         # unless the checkpoint predates the field.
         if not record.lr:
             record.lr = float(self.optimizer.param_groups[0]["lr"])
-        began = self.timer.now() - record.seconds  # an interrupted epoch's time carries on
+        self._began = self.timer.now() - record.seconds  # an interrupted epoch's carries on
         for step, (inputs, targets) in enumerate(loader):
             if step < first:  # resuming mid-epoch: same permutation, skip what was done
                 continue
@@ -268,7 +273,7 @@ class Engine:
             self._timed.append(times)
             if len(self._timed) >= SETTLE_EVERY:  # a long epoch: count what is done so far
                 self._settle(record, wait=False)
-            record.seconds = self.timer.now() - began
+            record.seconds = self.timer.now() - self._began
             state.step, state.global_step = step + 1, state.global_step + 1
             for callback in self.callbacks:
                 callback.on_step_end(self, control, times)

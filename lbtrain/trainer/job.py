@@ -164,6 +164,8 @@ def _finish(setup: Setup, run: Run, outputs: RunOutputs) -> TrainResult:
         worlds=setup.worlds,
         # Read on each rank's training thread as the run ends: still in force, or not.
         flushing=comm.allgather(flushing_threads()),
+        checkpoints=run.checkpoints.count,
+        checkpoint_seconds=run.checkpoints.total,
     )
     setup.on_root(lambda: write_outputs(setup, plan, metrics, summary, predictions))
     # After the outputs: the end line and summary.json say the run finished, so a stop while

@@ -84,6 +84,8 @@ def build_summary(
     resumed_from: Mapping[str, Any] | None = None,
     flushing: Sequence[bool | None] | None = None,
     worlds: Sequence[Mapping[str, int]] | None = None,
+    checkpoints: int = 0,
+    checkpoint_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """The JSON-ready summary.json of a run: totals, not the epochs (metrics.jsonl has them).
 
@@ -95,16 +97,13 @@ def build_summary(
     each rank's time split covers only the sessions on that world). `flushing`: whether each
     rank's CPU threads flushed subnormal floats at the end (`flushing_threads`). `worlds`:
     the numbers of ranks the run trained on, each with the global step it trained from.
+    `checkpoints` were written in all sessions, in `checkpoint_seconds` (rank 0's; as in
+    `wall_seconds`, without the write of the checkpoint a session resumed from).
     """
     ranks = _rank_rows(plan, devices, ranks_totals)
     seconds, steps = totals.seconds, totals.steps
     return {
-        "versions": {
-            "lbtrain": lbtrain.__version__,
-            "torch": torch.__version__,
-            "python": sys.version.split()[0],
-            "platform": platform.platform(),
-        },
+        "versions": _versions(),
         "resumed_from": dict(resumed_from) if resumed_from else None,
         "worlds": [dict(w) for w in worlds] if worlds else None,
         "flush_denormals": list(flushing) if flushing is not None else None,
@@ -114,6 +113,8 @@ def build_summary(
         "wall_seconds": wall_seconds,
         "profile_seconds": profile_seconds,
         "train_seconds": seconds,
+        "checkpoints": checkpoints,
+        "checkpoint_seconds": checkpoint_seconds,
         "epochs_run": totals.epochs,
         "steps": steps,
         "samples_per_second": totals.samples / seconds if seconds > 0 else None,
@@ -126,6 +127,15 @@ def build_summary(
         "evaluations": list(evaluations),
         "ranks": ranks,
         "metrics": dict(metrics) if metrics else None,
+    }
+
+
+def _versions() -> dict[str, str]:
+    return {
+        "lbtrain": lbtrain.__version__,
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
     }
 
 
@@ -181,7 +191,7 @@ def format_summary(
     throughput = summary["samples_per_second"]
     lines.append(
         f"  wall time {summary['wall_seconds']:.1f} s (profiling {summary['profile_seconds']:.1f}"
-        f" s, training {summary['train_seconds']:.1f} s)"
+        f" s, training {summary['train_seconds']:.1f} s{_checkpoints(summary)})"
         + (f", {throughput:,.0f} samples/s" if throughput else "")
     )
     lines += _step_lines(summary)
@@ -208,6 +218,12 @@ def format_summary(
         shown = shlex.quote(os.fspath(folder))
         lines += ["", f"  run folder: {shown}  (see: lbtrain show {shown})"]
     return "\n".join(lines)
+
+
+def _checkpoints(summary: Mapping[str, Any]) -> str:
+    """The checkpoints' part of the wall time (`, checkpoints 0.4 s`), where it shows."""
+    shown = f"{summary.get('checkpoint_seconds') or 0.0:.1f}"
+    return f", checkpoints {shown} s" if shown != "0.0" else ""
 
 
 def _step_lines(summary: Mapping[str, Any]) -> list[str]:

@@ -142,7 +142,7 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_and_keeps_the_last_checkpoint(t
         3,
         *faulty("--fault", "nan", "--fault-rank", "2", "--fault-step", "7"),
         "--plan", str(plan_file(tmp_path, [1.0, 1.0, 1.0])), "--epochs", "4",
-        "--checkpoint-every", "1", "--out", str(out),
+        "--checkpoint-every", "1", "--checkpoint-seconds", "0", "--out", str(out),
     )  # fmt: skip
     assert job.codes == [1, 1, 1] and not job.aborted, job.output()
     error = _one_error_line(job)
@@ -255,6 +255,9 @@ def test_a_resumed_run_with_dropout_draws_the_masks_one_go_draws(tmp_path):
     args += ["--dropout", "0.5", "--plan", str(plan_file(tmp_path, [1.0]))]
     # The schedule of a 1-epoch run would differ from a 2-epoch one; re-planning is timing.
     args += ["--lr-schedule", "constant", "--replan", "off"]
+    # Checkpoints by epoch only: the resume must leave the one read below in the folder (the
+    # plan's made-up speeds predict 40 s a step, and so a checkpoint by time at once).
+    args += ["--checkpoint-seconds", "0"]
     job = lbtrain_ranks(1, *args, "--epochs", "2", "--out", str(tmp_path / "go"))
     assert job.codes == [0], job.output()
     job = lbtrain_ranks(1, *args, "--epochs", "1", "--out", str(tmp_path / "part"))

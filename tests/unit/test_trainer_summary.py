@@ -210,3 +210,21 @@ def test_the_summary_says_the_corrected_prediction_beside_the_plans():
     assert summary["forecast_step_seconds"] == pytest.approx(1.5 * plan.predicted_step_time)
     text = format_summary(summary, (), None)
     assert "corrected by the epochs measured before each: median error 0.0%" in text
+
+
+def test_the_wall_time_shows_the_checkpoints_share_where_it_shows():
+    plan = plan_batches([1.0], 8, "equal")
+    devices = [{"device": "cpu", "host": "h", "threads": 1, "slowdown": 1.0}]
+    totals = [{"steps": 2.0, "seconds": 1.0, "compute": 0.8, "wait": 0.1, "comm": 0.1}]
+
+    def wall_line(**checkpoints) -> str:
+        summary = build_summary(
+            plan=plan, devices=devices, totals=Totals(), ranks_totals=totals, evaluations=[],
+            metrics=None, wall_seconds=9.0, profile_seconds=0.5, **checkpoints,
+        )  # fmt: skip
+        return format_summary(summary, (), None).splitlines()[2]
+
+    line = wall_line(checkpoints=3, checkpoint_seconds=1.25)
+    assert line.startswith("  wall time 9.0 s (profiling 0.5 s, training 0.0 s, checkpoints 1.2")
+    assert "checkpoints" not in wall_line(checkpoints=3, checkpoint_seconds=0.01)
+    assert "checkpoints" not in wall_line()  # the keys' defaults: 0 and 0.0
