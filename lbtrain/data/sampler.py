@@ -168,12 +168,13 @@ class BalancedBatchSampler(Sampler[list[int]]):
     def start_at(self, step: int) -> None:
         """Begin the next pass over the epoch at `step` (a resume mid-epoch), then from 0
         again; the same on every rank."""
-        self.first_step = whole("step", step, low=0)
+        step = whole("step", step, low=0)
         if step >= len(self._schedule):
             raise ValueError(
                 f"step={step} is beyond the epoch's {len(self._schedule)} steps; give a step "
                 f"below {len(self._schedule)}"
             )
+        self.first_step = step
 
     def set_plan(self, plan: BalancePlan) -> None:
         """Share later batches by `plan` (re-planning); call with the same plan on every rank.

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lbtrain.collective import write_on_root
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.outputs import atomic_write_bytes
@@ -68,9 +69,11 @@ class TrainState:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the state after the update of the latest batch; collective, rank 0 writes
-        (atomically: a crash never leaves a torn file)."""
+        (atomically: a crash never leaves a torn file; a failed write stops every rank with
+        one line naming `path`)."""
         epoch, step = self._position()
-        if self.comm.rank == 0:
+
+        def write() -> None:
             sampler = self.loader.batch_sampler
             state = {
                 "format": FORMAT,
@@ -86,7 +89,9 @@ class TrainState:
             buffer = io.BytesIO()
             torch.save(state, buffer)
             atomic_write_bytes(path, buffer.getvalue())
-        self.comm.barrier()  # the file is there for whoever restores next
+
+        # Collective: every rank waits for the file, and learns of a failed write.
+        write_on_root(self.comm, "path", path, write)
 
     def restore(self, path: str | os.PathLike[str]) -> int:
         """Load `path` if it exists and place the loader at its next step; collective.

@@ -387,8 +387,10 @@ def profile_all(
     sync_batchnorm = bool(kwargs.pop("sync_batchnorm", True))
     known = kwargs.pop("known", None)
     comm.barrier()
-    if known is not None:
-        profile = dataclasses.replace(known, rank=comm.rank)
+    if known is not None:  # its throughput read at this world's reference batch
+        config = kwargs.get("config")
+        reference = config.reference_batch if config is not None else known.reference_batch
+        profile = dataclasses.replace(known, rank=comm.rank, reference_batch=reference)
     else:
         profile = profile_replica(
             model, optimizer, loss_fn, make_batch, rank=comm.rank,

@@ -268,7 +268,10 @@ class EvaluateCallback(Callback):
         self.say("  eval: " + "  ".join(f"{k} {format_metric(k, v)}" for k, v in shown.items()))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"evaluations": self.evaluations}
+        # Without the final evaluation (a checkpoint written at the fit's end comes after
+        # it): a resume evaluates at its own end, and would list that epoch twice.
+        kept = self.evaluations[:-1] if self.final is not None else self.evaluations
+        return {"evaluations": kept}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.evaluations = list(state.get("evaluations", []))
@@ -370,6 +373,8 @@ class CheckpointCallback(Callback):
     def _save(self, engine: Engine, mid_epoch: bool = False) -> None:
         state, timer = engine.state, engine.timer
         began = timer.now()
+        if mid_epoch:
+            engine.settle()  # the record it saves holds every step's times
         self.count += 1
         self.path = self.save(engine)
         took = timer.now() - began

@@ -187,6 +187,16 @@ def _instead(path: Path) -> str:
     return "name another checkpoint, or start the run again"
 
 
+def _upgraded(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The callbacks' states, those of older lbtrain as the callbacks read them now: the
+    re-planner's memory was saved without the plan it holds for, the checkpoint's."""
+    saved = dict(checkpoint.get("callbacks") or {})
+    memory = saved.get("replanner")
+    if isinstance(memory, dict) and "memory" not in memory:
+        saved["replanner"] = {"memory": memory, "plan": checkpoint.get("plan")}
+    return saved
+
+
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
     state = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
@@ -256,7 +266,7 @@ def restore(checkpoint: dict[str, Any], engine: Engine) -> None:
                 batch_sizes=list(engine.loader.plan.batch_sizes),
                 slowdown=engine.slowdown_at(state.epoch).factor,
             )
-    saved = checkpoint.get("callbacks") or {}
+    saved = _upgraded(checkpoint)
     for callback in engine.callbacks:
         if callback.key in saved and saved[callback.key] is not None:
             callback.load_state_dict(saved[callback.key])

@@ -184,6 +184,12 @@ class Engine:
         for callback in self.callbacks:
             callback.close()
 
+    def settle(self) -> None:
+        """Add every timed step of the epoch in progress to its record (waiting for event
+        marks): a checkpoint taken mid-epoch then holds all the steps' times."""
+        if self.state.record is not None:
+            self._settle(self.state.record)
+
     def leave_out(self, seconds: float) -> None:
         """Leave `seconds` spent mid-epoch (a checkpoint's write) out of the epoch's time."""
         self._began += seconds

@@ -73,16 +73,17 @@ def train(
     with stop.installed(), as_before():
         try:
             setup = set_up(config, comm)
+            outputs = RunOutputs()  # the metrics callback writes to it once open_run opens it
+            run = build_run(setup, outputs, stop, callbacks, timer)
         except BaseException:
             discard_reserved()  # the default folder, made early, if no run started in it
             raise
-        with open_run(setup) as outputs:
-            run = build_run(setup, outputs, stop, callbacks, timer)
-            with closing(run.engine):  # the callbacks' files, once the outputs are written
-                state = run.engine.fit()
-                if state.stop_code:
-                    return _stopped(setup, run)
-                return _finish(setup, run, outputs)
+        # The callbacks' files close after the outputs are written, the run folder last.
+        with open_run(setup, outputs), closing(run.engine):
+            state = run.engine.fit()
+            if state.stop_code:
+                return _stopped(setup, run)
+            return _finish(setup, run, outputs)
 
 
 def _import_what_torch_imports_late() -> None:

@@ -82,6 +82,8 @@ def recipe_differences(config: TrainConfig, saved: dict[str, Any]) -> list[str]:
     "name=theirs (here: ours)"; empty when they are one recipe."""
     differ = []
     for name in RECIPE:
+        if name not in saved:  # older than the setting: not known to differ
+            continue
         ours, theirs = getattr(config, name), _bool_of(saved.get(name))
         if ours != theirs:
             differ.append(f"{name}={theirs!r} (here: {ours!r})")

@@ -1,5 +1,5 @@
-"""What a run writes into its folder, on rank 0: opened once the plan stands, streamed while
-it trains, completed when it ends.
+"""What a run writes into its folder, on rank 0: opened once the engine stands, streamed
+while it trains, completed when it ends.
 
 :func:`open_run` starts the folder (created, cleared when overwriting, locked), writes
 config.toml, plan.json and profiles.json, and opens metrics.jsonl: one JSON line per epoch,
@@ -67,10 +67,14 @@ class RunOutputs:
 
 
 @contextmanager
-def open_run(setup: Setup) -> Iterator[RunOutputs]:
-    """The run folder started and its metrics stream opened on rank 0 (the first line says
-    where the run starts); a stand-in on the other ranks. Collective."""
-    outputs = setup.on_root(lambda: _start(setup)) or RunOutputs()
+def open_run(setup: Setup, outputs: RunOutputs) -> Iterator[RunOutputs]:
+    """Start the run folder and open `outputs`' metrics stream on rank 0 (its first line
+    says where the run starts); on the other ranks `outputs` stays one that writes nothing.
+    Collective. Opened once the engine stands, so a run that fails while it is built (a
+    checkpoint that does not load) leaves the folder as it was."""
+    opened = setup.on_root(lambda: _start(setup))
+    if opened is not None:
+        outputs.lock, outputs.stream = opened.lock, opened.stream
     try:
         yield outputs
     finally:
@@ -129,9 +133,9 @@ def world_change(setup: Setup) -> dict[str, Any] | None:
     checkpoint = setup.checkpoint
     if checkpoint is None or len(setup.worlds) < 2:
         return None
-    before, now = setup.worlds[-2]["ranks"], setup.worlds[-1]["ranks"]
-    if setup.worlds[-1]["from_step"] != int(checkpoint["global_step"]) or before == now:
-        return None  # the change was an earlier session's
+    before, now = len(checkpoint.get("ranks") or []), setup.comm.size
+    if before in (0, now):
+        return None  # the same world (a change, if any, was an earlier session's)
     return {
         "from": before,
         "to": now,

@@ -264,3 +264,19 @@ def test_the_replan_callback_keeps_its_memory_only_under_the_plan_it_was_measure
     assert resumed(saved, plan) == saved["memory"]["segment"]
     assert resumed(saved, other) == []
     assert resumed(saved["memory"], plan) == []  # the memory alone: no plan to hold it to
+
+
+def test_an_older_checkpoints_replanner_memory_holds_for_its_checkpoints_plan():
+    """Before the plan was kept beside it, the memory was saved alone: it holds for the
+    plan the checkpoint itself holds."""
+    from lbtrain.trainer.checkpoint import _upgraded
+
+    plan = plan_batches(SPEEDS, 100, "cost").to_dict()
+    memory = Replanner().state_dict()
+    old = {"plan": plan, "callbacks": {"replanner": memory, "divergence": {"growing": 1}}}
+    assert _upgraded(old) == {
+        "replanner": {"memory": memory, "plan": plan},
+        "divergence": {"growing": 1},
+    }
+    new = {"plan": plan, "callbacks": {"replanner": {"memory": memory, "plan": plan}}}
+    assert _upgraded(new) == new["callbacks"]

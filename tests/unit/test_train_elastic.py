@@ -123,3 +123,19 @@ def test_a_folder_holding_another_recipe_is_refused_in_one_line(tmp_path, checkp
 def test_auto_needs_the_folder_it_continues():
     with pytest.raises(ValueError, match="resume='auto' continues the run in out"):
         TrainConfig(resume="auto").validate()
+
+
+def test_a_resume_that_fails_while_it_is_built_leaves_the_run_folder_as_it_was(tmp_path):
+    """The run folder opens once the engine stands: a checkpoint whose weights do not load
+    fails before a finished run's summary.json or metrics.jsonl are touched."""
+    run = tmp_path / "run"
+    assert _train(_config(run, epochs=1), ranks=1) == [0]
+    path = list_checkpoints(run / "checkpoints")[-1]
+    checkpoint = load_checkpoint(path)
+    name = next(iter(checkpoint["model"]))
+    checkpoint["model"][name] = torch.zeros(1)  # a shape the model does not have
+    torch.save(checkpoint, path)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    with pytest.raises(RuntimeError, match="size mismatch"):  # resumed for a second epoch
+        _train(_config(run, epochs=2, resume=str(run)), ranks=1)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
