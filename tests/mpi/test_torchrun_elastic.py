@@ -34,14 +34,14 @@ from lbtrain.trainer import TrainConfig, train
 from tests.fixtures.faulty_runs import BATCH, FAULTY, final_model
 from tests.mpi.launch import REPO, kill_job, torchrun_command
 
-EPOCHS = 4
+EPOCHS = 3  # the crash in epoch 2, the loss in epoch 3
 # Quick recovery: a lost agent is noticed after 1 s x 3 missed keep-alives, and the
 # survivors' new round closes 2 s after they join it (torch's defaults: 15 s and 30 s).
 RDZV_CONF = "join_timeout=60,last_call_timeout=2,keep_alive_interval=1,keep_alive_max_attempt=3"
 TRAIN = [
     "train", "--workload", FAULTY, "--global-batch", str(BATCH), "--threads", "1",
     "--min-batch", "1", "--replan", "off", "--no-curves", "--epochs", str(EPOCHS),
-    "--time-budget", "0.3", "--devices", "cpu", "--lr-schedule", "step",
+    "--time-budget", "0.2", "--devices", "cpu", "--lr-schedule", "step",
     "--lr-step-epochs", "1", "--lr-gamma", "0.5", "--resume", "auto",
 ]  # fmt: skip
 
@@ -118,7 +118,7 @@ def _uninterrupted(out: Path) -> dict[str, torch.Tensor]:
     """The same recipe on 3 in-process ranks, never stopped."""
     config = TrainConfig(
         workload=FAULTY, global_batch=BATCH, threads=1, min_batch=1, replan="off",
-        curves=False, epochs=EPOCHS, time_budget=0.3, devices="cpu", lr_schedule="step",
+        curves=False, epochs=EPOCHS, time_budget=0.2, devices="cpu", lr_schedule="step",
         lr_step_epochs=1, lr_gamma=0.5, quiet=True, out=str(out),
     )  # fmt: skip
     for result in run_ranks(3, lambda comm: train(config, comm).exit_code, timeout=120):
@@ -130,8 +130,8 @@ def test_a_crashed_worker_then_a_lost_node_cost_steps_never_the_run(tmp_path):
     run, markers = tmp_path / "run", tmp_path / "markers"
     # A process's step 7: in its first start, step 2 of epoch 2, where rank 1 raises (once:
     # only in the agents' first start); started again from the checkpoint of epoch 1, it is
-    # step 1 of epoch 3, where one agent is lost. Slower from there, so the kill lands
-    # inside the epoch.
+    # step 1 of epoch 3, the last, where one agent is lost. Slower from there, so the kill
+    # lands inside the epoch.
     args = [*TRAIN, "--out", str(run), "--fault", "raise-once", "--fault-rank", "1",
             "--fault-step", "7", "--step-sleep", "0.2", "--pid-dir", str(markers)]  # fmt: skip
     agents = Agents(tmp_path, args)
