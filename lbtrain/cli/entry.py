@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,6 +33,7 @@ from lbtrain.comm.launchers import (
     LoneRankError,
     detect_launcher,
     launcher_rank,
+    restarts_left,
 )
 
 if TYPE_CHECKING:
@@ -253,15 +254,32 @@ def _ended(exc: BaseException, comm: Communicator | None) -> int:
         silence_stdout()
     elif row.report is Report.TRACEBACK:
         traceback.print_exception(exc)
+        if restart_hint(status):
+            _error(restart_hint(status), comm)
     elif row.report is Report.EVERY or (row.report is Report.RANK and comm is not None):
-        _error(_message(exc), comm)
+        _error(_message(exc) + _after(restart_hint(status)), comm)
     elif rank == 0:
-        _error(_message(exc))
+        _error(_message(exc) + _after(restart_hint(status)))
     if comm is not None and row.report is Report.ONCE:
         _close(comm)  # every rank got here together
     elif comm is not None:
         _abort(comm, status)
     return status
+
+
+def restart_hint(status: int, environ: Mapping[str, str] | None = None) -> str:
+    """Under torchrun's elastic agent with no restart left, for a failure that is not the
+    user's (status 1 or 75): how to go on; else ""."""
+    if status not in (1, RESTART_EXIT) or restarts_left(environ) != 0:
+        return ""
+    return (
+        "torchrun's agent has no restart left (--max-restarts): run the same command again; "
+        "with --resume auto it continues from the run's newest checkpoint"
+    )
+
+
+def _after(hint: str) -> str:
+    return f"; {hint}" if hint else ""
 
 
 def _message(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ __all__ = [
     "launched_by_torchrun",
     "launcher_rank",
     "mpi_world_size",
+    "restarts_left",
     "shared_store_hazard",
     "torchrun_local_rank",
 ]
@@ -181,6 +182,16 @@ def detect_launcher(environ: Mapping[str, str] | None = None) -> str | None:
         "--ntasks-per-node 1 torchrun --nnodes $SLURM_NNODES --rdzv-backend c10d ...`), or "
         f"unset the other's variables (here {mpi_name} or {torch_name})"
     )
+
+
+def restarts_left(environ: Mapping[str, str] | None = None) -> int | None:
+    """How many more times torchrun's elastic agent will start this worker after a failure
+    (its --max-restarts less the restarts so far), or None outside an elastic agent."""
+    env = _env(environ)
+    done, most = env.get("TORCHELASTIC_RESTART_COUNT", ""), env.get("TORCHELASTIC_MAX_RESTARTS", "")
+    if not (done.isdigit() and most.isdigit()):
+        return None
+    return max(0, int(most) - int(done))
 
 
 def shared_store_hazard(environ: Mapping[str, str] | None = None) -> str | None:

@@ -77,3 +77,13 @@ def test_the_entry_module_imports_neither_torch_nor_mpi4py():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=REPO, timeout=60, check=False)  # fmt: skip
     assert result.returncode == 0, result.stderr
+
+
+def test_the_last_failure_an_elastic_agent_will_not_restart_says_how_to_go_on():
+    from lbtrain.cli.entry import restart_hint
+
+    last = {"TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "2"}
+    assert "no restart left" in restart_hint(75, last) and "--resume auto" in restart_hint(1, last)
+    # A restart still to come, the user's own mistake, or no elastic agent: nothing to add.
+    assert restart_hint(75, {**last, "TORCHELASTIC_RESTART_COUNT": "1"}) == ""
+    assert restart_hint(2, last) == "" and restart_hint(75, {}) == ""
