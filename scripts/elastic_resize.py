@@ -1,11 +1,14 @@
-"""A planned resize of `lbtrain train --resume auto` under torchrun's elastic agent.
+"""Growth of `lbtrain train --resume auto` under torchrun's elastic agent, two ways.
 
-Three agents train the faulty workload; in epoch 2 (the workload's marker file) each agent
-gets SIGTERM, as a planned stop does: the workers checkpoint where they are and stop. Four
-agents then run the same command: it continues from that checkpoint on 4 ranks. The final
-weights are compared with a 3-rank in-process run that was never stopped.
+Planned (the default): three agents train the faulty workload; in epoch 2 (the workload's
+marker file) each agent gets SIGTERM, as a planned stop does: the workers checkpoint where
+they are and stop. Four agents then run the same command: it continues from that
+checkpoint on 4 ranks. Live (`--live`): three agents of `--nnodes 1:4` train, and in epoch 2
+a fourth joins; the agents stop their workers (SIGTERM: a checkpoint) and start them again
+on 4 ranks. Either way the final weights are compared with a 3-rank in-process run that was
+never stopped.
 
-    PYTHONPATH=. .venv/bin/python scripts/elastic_resize.py /tmp/resize
+    PYTHONPATH=. .venv/bin/python scripts/elastic_resize.py /tmp/resize [--live]
 """
 
 from __future__ import annotations
@@ -42,25 +45,32 @@ def _arguments(root: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def _world(root: Path, agents: int, tag: str) -> list[subprocess.Popen]:
-    """`agents` torchrun agents on one c10d rendezvous, the first hosting its store."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def _world(
+    root: Path, agents: int, tag: str, nodes: int | None = None, port: int | None = None
+) -> list[subprocess.Popen]:
+    """`agents` torchrun agents of `--nnodes 1:nodes` on one c10d rendezvous at `port` (a
+    free one: the first agent hosts its store)."""
+    nodes = nodes or agents
+    if port is None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # fmt: skip
     started = []
     for index in range(agents):
         command = [
-            str(Path(sys.executable).parent / "torchrun"), "--nnodes", f"1:{agents}",
+            str(Path(sys.executable).parent / "torchrun"), "--nnodes", f"1:{nodes}",
             "--nproc-per-node", "1", "--max-restarts", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", tag, "--rdzv-conf", RDZV_CONF,
-            "--monitor-interval", "0.5", "-m", "lbtrain", *_arguments(root),
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"job-{port}",
+            "--rdzv-conf", RDZV_CONF, "--monitor-interval", "0.5", "-m", "lbtrain",
+            *_arguments(root),
         ]  # fmt: skip
         log = (root / f"{tag}-{index}.log").open("w")
+        _PORT[tag] = port
         started.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True, cwd=root))  # fmt: skip
-        while index == 0:  # the store's host first
+        while index == 0 and tag != "joining":  # the store's host first
             with socket.socket() as probe:
                 if probe.connect_ex(("127.0.0.1", port)) == 0:
                     break
@@ -68,20 +78,28 @@ def _world(root: Path, agents: int, tag: str) -> list[subprocess.Popen]:
     return started
 
 
+_PORT: dict[str, int] = {}
+
+
 def main() -> int:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/elastic-resize")
+    live = "--live" in sys.argv[1:]
+    named = [a for a in sys.argv[1:] if a != "--live"]
+    root = Path(named[0] if named else "/tmp/elastic-resize")
     root.mkdir(parents=True, exist_ok=True)
-    first, began = _world(root, 3, "three"), time.monotonic()
+    first, began = _world(root, 3, "three", nodes=4 if live else 3), time.monotonic()
     while not list((root / "pids").glob("rank-*.step-7")):
         if time.monotonic() - began > 120:
             raise SystemExit("the workers never reached step 7; see the logs in " + str(root))
         time.sleep(0.05)
-    for agent in first:
-        os.kill(agent.pid, signal.SIGTERM)  # torchrun passes it on to its worker
-    print("3 agents stopped:", [agent.wait(timeout=120) for agent in first], flush=True)
     began = time.monotonic()
-    second = _world(root, 4, "four")
-    codes = [agent.wait(timeout=240) for agent in second]
+    if live:  # a fourth agent joins the running job
+        agents = [*first, *_world(root, 1, "joining", nodes=4, port=_PORT["three"])]
+    else:
+        for agent in first:
+            os.kill(agent.pid, signal.SIGTERM)  # torchrun passes it on to its worker
+        print("3 agents stopped:", [agent.wait(timeout=120) for agent in first], flush=True)
+        began, agents = time.monotonic(), _world(root, 4, "four")
+    codes = [agent.wait(timeout=240) for agent in agents]
     print(f"4 agents: {codes}, {time.monotonic() - began:.1f} s", flush=True)
     config = TrainConfig(workload="tests.fixtures.faulty:plugin", quiet=True,
                          out=str(root / "whole"), **RECIPE)  # fmt: skip
