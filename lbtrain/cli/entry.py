@@ -248,18 +248,19 @@ def _ended(exc: BaseException, comm: Communicator | None) -> int:
         with _deaf_to_sigterm():  # a second signal must not cut the abort short
             return _signalled(status, comm)
     rank = launcher_rank() if comm is None else comm.rank
+    hint = restart_hint(status)
     if row.report is Report.QUIET:
         from lbtrain.cli.streams import silence_stdout
 
         silence_stdout()
     elif row.report is Report.TRACEBACK:
         traceback.print_exception(exc)
-        if restart_hint(status):
-            _error(restart_hint(status), comm)
+        if hint:
+            _error(hint, comm)
     elif row.report is Report.EVERY or (row.report is Report.RANK and comm is not None):
-        _error(_message(exc) + _after(restart_hint(status)), comm)
+        _error(_message(exc) + _after(hint), comm)
     elif rank == 0:
-        _error(_message(exc) + _after(restart_hint(status)))
+        _error(_message(exc) + _after(hint))
     if comm is not None and row.report is Report.ONCE:
         _close(comm)  # every rank got here together
     elif comm is not None:

@@ -72,16 +72,14 @@ def open_run(setup: Setup, outputs: RunOutputs) -> Iterator[RunOutputs]:
     says where the run starts); on the other ranks `outputs` stays one that writes nothing.
     Collective. Opened once the engine stands, so a run that fails while it is built (a
     checkpoint that does not load) leaves the folder as it was."""
-    opened = setup.on_root(lambda: _start(setup))
-    if opened is not None:
-        outputs.lock, outputs.stream = opened.lock, opened.stream
+    setup.on_root(lambda: _start(setup, outputs))
     try:
         yield outputs
     finally:
         outputs.close()
 
 
-def _start(setup: Setup) -> RunOutputs:
+def _start(setup: Setup, outputs: RunOutputs) -> None:
     out, plan, config, checkpoint = setup.out, setup.plan, setup.config, setup.checkpoint
     lock = start_run_folder(out, setup.given, setup.clear, setup.workload.outputs)
     # With a plan file, its policy and smallest batch are what apply: the recipe says so.
@@ -98,8 +96,7 @@ def _start(setup: Setup) -> RunOutputs:
         # A finished run resumed for more epochs is unfinished until it ends again: its old
         # summary.json (written last, so a stop leaves none) must not say otherwise.
         (out / "summary.json").unlink(missing_ok=True)
-    stream = MetricsStream(out / METRICS_FILE, append=True)
-    outputs = RunOutputs(lock, stream)
+    outputs.lock, outputs.stream = lock, MetricsStream(out / METRICS_FILE, append=True)
     outputs.write(
         {
             "type": "start",
@@ -124,14 +121,13 @@ def _start(setup: Setup) -> RunOutputs:
     changed = world_change(setup)
     if changed is not None:
         outputs.write({"type": "world", "time": time.time(), **changed})
-    return outputs
 
 
 def world_change(setup: Setup) -> dict[str, Any] | None:
     """How this session's world differs from the checkpoint's it continues, or None: the
     ranks before and now, the global step it continues from, the batches before and now."""
     checkpoint = setup.checkpoint
-    if checkpoint is None or len(setup.worlds) < 2:
+    if checkpoint is None:
         return None
     before, now = len(checkpoint.get("ranks") or []), setup.comm.size
     if before in (0, now):
