@@ -27,7 +27,9 @@ from pathlib import Path
 
 from bench_common import VENV_BIN, BenchError, epochs_of, run_command
 
-QUIET = ["--quiet", "--no-map", "--curves", "off", "--replan", "off"]
+# CPU steps are the subject: a run trained on a GPU (a quick way to a converged state) is
+# resumed on the CPU, and the fresh runs are put there too.
+QUIET = ["--quiet", "--no-map", "--no-curves", "--replan", "off", "--devices", "cpu"]
 
 
 def _trained(run: Path, threads: int, flush: str, workdir: Path) -> float:
