@@ -52,7 +52,7 @@ def _options(
     # --weighting uniform` is DDP's algorithm, and at equal batches 1/P is b_i/B.
     return [
         *bc.DEMO_MODEL, "--global-batch", str(bc.DEMO_BATCH), "--emulate-slowdown", slowdown,
-        "--epochs", str(epochs), "--no-map", "--replan", replan,
+        "--epochs", str(epochs), "--no-map", "--replan", replan, "--devices", "cpu",
         "--split-file", str(bc.bench_split(workdir) if half else bc.eval_subset_split(workdir)),
     ]  # fmt: skip
 

@@ -30,7 +30,7 @@ def run(quick: bool, workdir: Path) -> list[Figure]:
         *bc.DEMO_MODEL, "--global-batch", str(bc.DEMO_BATCH), "--policy", "equal",
         "--split-file", str(bc.bench_split(workdir) if quick else bc.eval_subset_split(workdir)),
         "--epochs", "2" if quick else "5",
-        "--no-map", "--replan", "off",
+        "--no-map", "--replan", "off", "--devices", "cpu",
     ]  # fmt: skip
     figures: list[Figure] = []
     epoch: dict[int, float] = {}

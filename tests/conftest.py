@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.shared_runs import shared_run
+
 SLOW_FOLDERS = ("mpi", "e2e")
 TESTS = Path(__file__).parent
 
@@ -31,6 +33,8 @@ def one_process(tmp_path_factory):
     from lbtrain.cli.entry import main
     from tests.fixtures.exact_runs import COMMON, trained
 
-    out = tmp_path_factory.mktemp("single") / "run"
-    assert main([*COMMON, "--out", str(out)], comm=SingleProcessCommunicator()) == 0
-    return trained(out)[0]
+    def make(folder: Path) -> None:
+        code = main([*COMMON, "--out", str(folder / "run")], comm=SingleProcessCommunicator())
+        assert code == 0
+
+    return trained(shared_run(tmp_path_factory, "one-process", make) / "run")[0]

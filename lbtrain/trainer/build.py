@@ -217,7 +217,11 @@ def _callbacks(setup: Setup, outputs: RunOutputs) -> list[Callback]:
         callbacks.append(DivergenceGuard())
     if config.trace:
         labels = [device_label(d) for d in setup.devices]
-        callbacks.append(TraceCallback(setup.out / config.trace, labels, setup.on_root))
+        changed = world_change(setup)  # the session's start: where the new world begins
+        marks = [] if changed is None else [
+            (0.0, f"world {changed['from']} -> {changed['to']} ranks", changed)
+        ]  # fmt: skip
+        callbacks.append(TraceCallback(setup.out / config.trace, labels, setup.on_root, marks))
     if config.tensorboard:
         root = setup.comm.rank == 0
         callbacks.append(TensorBoardCallback(setup.out / config.tensorboard if root else None))

@@ -29,10 +29,14 @@ class TraceCallback(Callback):
 
     order = 80
 
-    def __init__(self, path: Path, labels: list[str], write: Any) -> None:
+    def __init__(
+        self, path: Path, labels: list[str], write: Any, marks: list[Any] | None = None
+    ) -> None:
+        """`marks`: (seconds from the fit's start, name, args) lines across every track."""
         from lbtrain.viz.trace import StepTrace
 
         self.path, self.labels, self.write = path, labels, write
+        self.marks = list(marks or [])
         self.trace = StepTrace(TRACE_STEPS, every_epoch=10)
         self.t0 = 0.0
         self.alone = False
@@ -84,14 +88,15 @@ class TraceCallback(Callback):
             f"{label}, batch " + " then ".join(str(p[rank]) for p in plans)
             for rank, label in enumerate(self.labels)
         ]
-        self.write(lambda: _write_trace(self.path, spans, labels))  # runs on rank 0 only
+        marks = self.marks
+        self.write(lambda: _write_trace(self.path, spans, labels, marks))  # rank 0 only
 
 
-def _write_trace(path: Path, spans: list[Any], labels: list[str]) -> Path:
+def _write_trace(path: Path, spans: list[Any], labels: list[str], marks: list[Any]) -> Path:
     from lbtrain.viz.trace import write_trace
 
     path.parent.mkdir(parents=True, exist_ok=True)  # --trace sub/trace.json: made as needed
-    return write_trace(path, spans, labels)
+    return write_trace(path, spans, labels, marks)
 
 
 class TensorBoardCallback(Callback):

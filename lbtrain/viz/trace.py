@@ -11,7 +11,9 @@ ui.perfetto.dev or chrome://tracing: one track per rank, one slice per phase:
 
 All ranks are threads (tid = rank) of one process (pid 0, "lbtrain"), not one process each:
 Perfetto then shows them as adjacent rows of one group, open at once and sorted by rank,
-which is the view that shows fast ranks waiting for slow ones.
+which is the view that shows fast ranks waiting for slow ones. Moments of the whole job
+(a session that continued on another world) are global instant events: a line across
+every track at that time.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,8 @@ PHASES = ("compute", "wait", "sync", "optimizer")
 # One phase of one step: (epoch, step, phase name, start s, end s), times relative to the
 # trainer's common t0. Plain tuples: small to pickle when the trainer gathers them.
 Span = tuple[int, int, str, float, float]
+# A moment of the whole job: seconds from the trace's start, its name, what it says.
+Mark = tuple[float, str, Mapping[str, Any]]
 
 _PID = 0
 # Spans that touch may overlap by a rounding error once written in microseconds.
@@ -121,13 +125,19 @@ class StepTrace:
         return list(self._spans)
 
 
-def chrome_trace(per_rank_spans: Sequence[Sequence[Span]], labels: Sequence[str]) -> dict:
+def chrome_trace(
+    per_rank_spans: Sequence[Sequence[Span]],
+    labels: Sequence[str],
+    marks: Sequence[Mark] = (),
+) -> dict:
     """Build the trace: one named, sorted track per rank and one complete event per span.
 
     Args:
         per_rank_spans: each rank's :meth:`StepTrace.spans`, in rank order.
         labels: what each rank is, shown after its number, e.g. "cpu x1, batch 40"
             (track "rank 0 (cpu x1, batch 40)"); an empty label shows "rank 0".
+        marks: moments of the whole job, (seconds, name, args): a line across every track
+            (a global instant event), e.g. where the run continued on another world.
 
     Returns:
         ``{"traceEvents": [...], "displayTimeUnit": "ms"}``, times in microseconds.
@@ -166,6 +176,11 @@ def chrome_trace(per_rank_spans: Sequence[Sequence[Span]], labels: Sequence[str]
                     "args": {"epoch": epoch, "step": step},
                 }
             )
+    for seconds, name, args in marks:
+        events.append(
+            {"ph": "i", "s": "g", "name": name, "cat": "run", "ts": round(seconds * 1e9) / 1e3,
+             "pid": _PID, "tid": 0, "args": dict(args)}
+        )  # fmt: skip
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
@@ -173,9 +188,10 @@ def write_trace(
     path: str | os.PathLike[str],
     per_rank_spans: Sequence[Sequence[Span]],
     labels: Sequence[str],
+    marks: Sequence[Mark] = (),
 ) -> Path:
     """Write :func:`chrome_trace` to `path` as JSON, atomically; return the path."""
-    trace = chrome_trace(per_rank_spans, labels)
+    trace = chrome_trace(per_rank_spans, labels, marks)
     return atomic_write_text(path, json.dumps(trace, separators=(",", ":")) + "\n")
 
 
@@ -193,9 +209,10 @@ def _number(value: Any) -> bool:
 def check_trace(trace: dict) -> None:
     """Check what Perfetto's JSON importer needs, and that each track's slices do not overlap.
 
-    Every event has a string ``ph``; metadata (``M``) events a name and args; complete
-    (``X``) events a name, integer pid and tid, finite ``ts`` and ``dur >= 0`` in
-    microseconds, in time order per (pid, tid) track and not overlapping (beyond 1 ns).
+    Every event has a string ``ph``; metadata (``M``) events a name and args; instant
+    (``i``) events a name and a finite ``ts``; complete (``X``) events a name, integer pid
+    and tid, finite ``ts`` and ``dur >= 0`` in microseconds, in time order per (pid, tid)
+    track and not overlapping (beyond 1 ns).
 
     Raises:
         ValueError: naming the first offending event and its index.
@@ -215,6 +232,10 @@ def check_trace(trace: dict) -> None:
         if event["ph"] == "M":
             if not isinstance(event.get("name"), str) or not isinstance(event.get("args"), dict):
                 raise bad("a metadata event needs a string 'name' and an 'args' object")
+            continue
+        if event["ph"] == "i":  # a mark: a name and a finite time are what it needs
+            if not isinstance(event.get("name"), str) or not _number(event.get("ts")):
+                raise bad("an instant event needs a string 'name' and a finite 'ts'")
             continue
         if event["ph"] != "X":
             continue

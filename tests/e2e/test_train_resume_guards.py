@@ -22,6 +22,8 @@ BASE = [
     "--threads", "1", "--time-budget", "0.5", "--quiet", "--no-curves",
     # On a GPU machine `auto` would put rank 0 on cuda:0, where a profile "on cuda" is its own.
     "--devices", "cpu",
+    # These runs continue from the checkpoints of given epochs (by time, none in so short a run).
+    "--checkpoint-every", "1",
 ]  # fmt: skip
 
 

@@ -73,29 +73,26 @@ def test_an_exception_on_one_rank_aborts_every_rank_with_its_message():
     assert "boom on rank 1: this message must reach the user" in result.stderr
 
 
-@pytest.mark.parametrize(
-    ("case", "refusal"),
-    [
-        ("rank", "loader was built for rank 0 on rank 1; pass rank=dist.get_rank()"),
-        ("size", "loader's plan is for 3 ranks but the process group has 2 (on rank 0)"),
-        ("plan", "the ranks' loaders disagree on the plan (rank 1's differs from rank 0's)"),
-        ("length", "the ranks' loaders disagree on the dataset length (16 on rank 0, 32 on"),
-    ],
-)
-def test_the_ddp_hook_refuses_a_wrongly_built_loader_on_every_rank(case, refusal):
+REFUSALS = {
+    "rank": "loader was built for rank 0 on rank 1; pass rank=dist.get_rank()",
+    "size": "loader's plan is for 3 ranks but the process group has 2 (on rank 0)",
+    "plan": "the ranks' loaders disagree on the plan (rank 1's differs from rank 0's)",
+    "length": "the ranks' loaders disagree on the dataset length (16 on rank 0, 32 on",
+}
+
+
+def test_the_ddp_hook_refuses_a_wrongly_built_loader_on_every_rank_and_takes_a_big_seed():
     """Both ranks refuse at the first bucket, a rank whose own loader is right included,
-    rather than one waiting in an allreduce that the other never joins."""
-    result = run_torchrun(SCRIPTS / "ddp_hook_misuse.py", 2, case, timeout=120)
+    rather than one waiting in an allreduce that the other never joins; a seed beyond
+    int64 trains. The cases share one launch, one after the other."""
+    cases = [*REFUSALS, "big-seed"]
+    result = run_torchrun(SCRIPTS / "ddp_hook_misuse.py", 2, *cases, timeout=120)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    said = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
-    expected = [f"rank {rank}: refused: {refusal}" for rank in range(2)]
-    assert [line[: len(expected[0])] for line in said] == expected, output
-
-
-def test_the_ddp_hook_takes_a_seed_beyond_int64():
-    result = run_torchrun(SCRIPTS / "ddp_hook_misuse.py", 2, "big-seed", timeout=120)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    said = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
-    assert said == ["rank 0: trained", "rank 1: trained"], output
+    lines = result.stdout.splitlines()
+    for case in cases:
+        said = sorted(line for line in lines if line.startswith(("rank 0: ", "rank 1: "))
+                      and line.split(": ")[1] == case)  # fmt: skip
+        what = f"refused: {REFUSALS[case]}" if case in REFUSALS else "trained"
+        expected = [f"rank {rank}: {case}: {what}" for rank in range(2)]
+        assert [line[: len(expected[0])] for line in said] == expected, (case, output)

@@ -13,6 +13,9 @@ continues from the run's newest checkpoint, re-planned: the job ends with status
 weights of a 3-rank run that was never stopped (float32: to 1e-5; the lost steps are redone
 on the same global batches, split otherwise).
 
+The second test does the same for a user's own loop with `lbtrain.TrainState`: two agents,
+one lost, the survivor continues alone from the saved state, float64 to 1e-10.
+
 The agents run with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torch's default store, shared
 across rendezvous rounds, leaves a restarted worker connecting to the lost rank's address
 (pytorch#135712; scripts/elastic_probe.py shows it).
@@ -29,10 +32,11 @@ from pathlib import Path
 
 import torch
 
-from lbtrain.comm import run_ranks
+from lbtrain.comm import SingleProcessCommunicator, run_ranks
 from lbtrain.trainer import TrainConfig, train
 from tests.fixtures.faulty_runs import BATCH, FAULTY, final_model
-from tests.mpi.launch import REPO, kill_job, torchrun_command
+from tests.fixtures.user_loop import loop
+from tests.mpi.launch import REPO, SCRIPTS, kill_job, torchrun_command
 
 EPOCHS = 3  # the crash in epoch 2, the loss in epoch 3
 # Quick recovery: a lost agent is noticed after 1 s x 3 missed keep-alives, and the
@@ -42,15 +46,16 @@ TRAIN = [
     "train", "--workload", FAULTY, "--global-batch", str(BATCH), "--threads", "1",
     "--min-batch", "1", "--replan", "off", "--no-curves", "--epochs", str(EPOCHS),
     "--time-budget", "0.2", "--devices", "cpu", "--lr-schedule", "step",
-    "--lr-step-epochs", "1", "--lr-gamma", "0.5", "--resume", "auto",
+    "--lr-step-epochs", "1", "--lr-gamma", "0.5", "--resume", "auto", "--checkpoint-every", "1",
 ]  # fmt: skip
 
 
 class Agents:
-    """torchrun elastic agents on one c10d rendezvous, each in a session of its own."""
+    """torchrun elastic agents on one c10d rendezvous, each in a session of its own, running
+    `program` (`["-m", "lbtrain", ...]` or a script and its arguments) on up to `nodes`."""
 
-    def __init__(self, folder: Path, args: list[str]) -> None:
-        self.folder, self.args = folder, args
+    def __init__(self, folder: Path, program: list[str], nodes: int = 3) -> None:
+        self.folder, self.program, self.nodes = folder, program, nodes
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
@@ -59,10 +64,10 @@ class Agents:
     def start(self, name: str) -> None:
         launcher = torchrun_command(1)[:-3]  # without --nproc-per-node 1 --standalone
         command = [
-            *launcher, "--nnodes", f"1:{3}", "--nproc-per-node", "1", "--max-restarts", "2",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
-            "--rdzv-id", "elastic", "--rdzv-conf", RDZV_CONF, "--monitor-interval", "0.5",
-            "-m", "lbtrain", *self.args,
+            *launcher, "--nnodes", f"1:{self.nodes}", "--nproc-per-node", "1",
+            "--max-restarts", "2", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "elastic",
+            "--rdzv-conf", RDZV_CONF, "--monitor-interval", "0.5", *self.program,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # fmt: skip
@@ -134,7 +139,7 @@ def test_a_crashed_worker_then_a_lost_node_cost_steps_never_the_run(tmp_path):
     # lands inside the epoch.
     args = [*TRAIN, "--out", str(run), "--fault", "raise-once", "--fault-rank", "1",
             "--fault-step", "7", "--step-sleep", "0.2", "--pid-dir", str(markers)]  # fmt: skip
-    agents = Agents(tmp_path, args)
+    agents = Agents(tmp_path, ["-m", "lbtrain", *args])
     try:
         agents.start_store_host("A")
         agents.start("B")
@@ -165,3 +170,34 @@ def test_a_crashed_worker_then_a_lost_node_cost_steps_never_the_run(tmp_path):
     # Figures for BENCHMARKS.md (pytest -s shows them): the restart, start to first step.
     print(f"kill -> the new world's start {change['time'] - killed_at:.1f} s, -> the job's end "
           f"{took:.1f} s; weights within {worst:.1e}")  # fmt: skip
+
+
+def test_a_user_loop_with_a_train_state_continues_on_the_survivor_as_one_process(tmp_path):
+    """Issue 40, item 4: docs/library.md's loop with `lbtrain.TrainState`, under two agents.
+    One is killed with its worker mid-run (found from the loop's marker); the survivor's
+    worker fails in its next collective, its agent starts it again on a world of 1, and it
+    continues from the state saved after the last whole step: the weights are one
+    process's over the same global batches (float64, to 1e-10)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    agents = Agents(tmp_path, [str(SCRIPTS / "elastic_loop.py"), str(run)], nodes=2)
+    try:
+        agents.start_store_host("A")
+        agents.start("B")
+        agents.wait_for("run/first.rank-*")
+        agents.kill("B")
+        codes = agents.finish()
+    finally:
+        for process in agents.processes.values():
+            kill_job(process.pid)
+    assert codes == {"A": 0}, agents.output()
+    (start,) = [p.name for p in run.glob("start-*")]  # one restart, on a world of 1
+    epoch, step = map(int, start.split(".at-")[1].split("."))
+    done = 5 * epoch + step  # 5 steps an epoch, 15 in all
+    assert start.startswith("start-1.world-1.") and 3 <= done < 15, start
+    # It continued where the state was saved: the restart took only the steps left.
+    assert [p.name for p in run.glob("taken-*")] == [f"taken-1.{15 - done}"]
+    one = loop(SingleProcessCommunicator(), [1.0], tmp_path / "none.pt")
+    ours = torch.load(run / "final.pt", weights_only=True)
+    worst = max(float((ours[k] - one[k]).abs().max()) for k in one)
+    assert worst <= 1e-10, worst

@@ -20,6 +20,7 @@ from tests.fixtures.exact_runs import (
     unequal_plan,
     zero_share_plan,
 )
+from tests.fixtures.shared_runs import shared_run
 from tests.mpi.launch import run_mpi, run_torchrun
 
 
@@ -37,9 +38,12 @@ def _unequal(folder) -> tuple[str, ...]:
 
 @pytest.fixture(scope="module")
 def unequal_mpi(tmp_path_factory):
-    """The unequal run under mpiexec, shared by the tests that compare with it."""
-    folder = tmp_path_factory.mktemp("unequal-mpi")
-    return _three_ranks(folder / "run", *_unequal(folder))
+    """The unequal run under mpiexec, made once for the tests that compare with it (on
+    whichever xdist workers they run)."""
+    folder = shared_run(
+        tmp_path_factory, "unequal-mpi", lambda f: _three_ranks(f / "run", *_unequal(f))
+    )
+    return trained(folder / "run")
 
 
 def test_three_unequal_ranks_match_one_process_and_the_naive_average_does_not(

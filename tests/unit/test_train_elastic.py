@@ -19,6 +19,7 @@ from lbtrain.collective import CollectiveError
 from lbtrain.comm import run_ranks
 from lbtrain.trainer import Callback, TrainConfig, train
 from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
+from lbtrain.viz.trace import check_trace, load_trace
 from tests.fixtures.faulty_runs import BATCH, FAULTY, final_model
 from tests.unit.test_train_resume_exact import StopAt
 
@@ -30,6 +31,7 @@ def _config(out: Path, **changes) -> TrainConfig:
         workload=FAULTY, global_batch=BATCH, threads=1, min_batch=1, epochs=EPOCHS,
         lr_schedule="step", lr_step_epochs=1, lr_gamma=0.5, replan="off", quiet=True,
         curves=False, time_budget=0.2, devices="cpu", out=str(out), resume="auto",
+        checkpoint_every=1,  # a restart continues from the last epoch's checkpoint
     )  # fmt: skip
     settings.update(changes)
     return TrainConfig(**settings)
@@ -63,7 +65,7 @@ def test_a_restart_on_another_world_continues_by_itself_and_ends_on_the_same_wei
     stopped = saved["global_step"]
     assert stopped == 5 + 3  # the request after step 2, seen at the next step's control
     # The same recipe, one rank more: a device 4x slow, new to the run.
-    assert _train(_config(run, emulate_slowdown="1,2,4"), ranks=3) == [0, 0, 0]
+    assert _train(_config(run, emulate_slowdown="1,2,4", trace="trace.json"), ranks=3) == [0] * 3
     # Only the new device was profiled: the others kept their points (the sync, which
     # depends on the world, was timed again).
     profiles = json.loads((run / "profiles.json").read_text(encoding="utf-8"))["profiles"]
@@ -83,6 +85,13 @@ def test_a_restart_on_another_world_continues_by_itself_and_ends_on_the_same_wei
     assert (change["from"], change["to"], change["global_step"]) == (2, 3, stopped)
     assert len(change["old_batch_sizes"]) == 2 and len(change["batch_sizes"]) == 3
     assert sum(change["batch_sizes"]) == BATCH
+    # The trace of the session on the new world begins with a line across every track.
+    trace = load_trace(run / "trace.json")
+    check_trace(trace)
+    marks = [e for e in trace["traceEvents"] if e["ph"] == "i"]
+    assert [(m["name"], m["ts"], m["args"]["global_step"]) for m in marks] == [
+        ("world 2 -> 3 ranks", 0.0, stopped)
+    ]
     assert [e["epoch"] for e in _records(run, "epoch")] == list(range(1, EPOCHS + 1))
     ours, theirs = final_model(run), final_model(whole)
     assert all(torch.allclose(ours[k], theirs[k], rtol=0, atol=1e-5) for k in ours)

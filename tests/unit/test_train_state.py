@@ -1,9 +1,9 @@
 """TrainState: a user's own loop saved on 2 ranks continues on 3, exactly (issue 40, item 4).
 
-The loop is the one docs/library.md shows: balanced_loader, BalancedDataParallel, SGD with
-momentum (its state must travel). Stopped mid-epoch on 2 ranks with unequal shares and
-continued on 3 with another plan, it must end on the weights one process reaches over the
-same global batches (float64: to 1e-10). In-process ranks.
+The loop is the one docs/library.md shows (tests/fixtures/user_loop.py): balanced_loader,
+BalancedDataParallel, SGD with momentum (its state must travel). Stopped mid-epoch on 2
+ranks with unequal shares and continued on 3 with another plan, it must end on the weights
+one process reaches over the same global batches (float64: to 1e-10). In-process ranks.
 """
 
 from __future__ import annotations
@@ -12,41 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import TensorDataset
 
-from lbtrain import BalancedDataParallel, TrainState, balanced_loader
 from lbtrain.comm import SingleProcessCommunicator, run_ranks
 from lbtrain.comm.local import RankAborted
-
-EPOCHS, BATCH, SEED = 3, 12, 3
-generator = torch.Generator().manual_seed(0)
-DATA = TensorDataset(
-    torch.randn(60, 5, generator=generator, dtype=torch.float64),
-    torch.randint(0, 3, (60,), generator=generator),
-)
-
-
-def loop(comm, shares: list[float], path: Path, stop_after: int | None = None) -> dict:
-    """docs/library.md's loop with a TrainState; saves and returns after `stop_after` steps."""
-    torch.manual_seed(0)
-    model = nn.Linear(5, 3).double()
-    loader = balanced_loader(shares, DATA, global_batch_size=BATCH, rank=comm.rank, seed=SEED)
-    wrapped = BalancedDataParallel(model, comm, loader)
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9)
-    state = TrainState(model, optimizer, loader, comm)
-    taken = 0
-    for epoch in range(state.restore(path), EPOCHS):
-        loader.set_epoch(epoch)
-        for inputs, targets in loader:
-            optimizer.zero_grad()
-            nn.functional.cross_entropy(wrapped(inputs), targets).backward()
-            optimizer.step()
-            taken += 1
-            if taken == stop_after:
-                state.save(path)
-                return {}
-    return {k: v.clone() for k, v in model.state_dict().items()}
+from tests.fixtures.user_loop import loop
 
 
 def _ranks(count: int, shares: list[float], path: Path, stop_after: int | None = None) -> list:
