@@ -45,7 +45,7 @@ def _step(model: str, sync: str, epochs: int, plan: Path, workdir: Path, ranks: 
     out = Path(tempfile.mkdtemp(prefix=f"{model}-{sync}-", dir=workdir)) / "run"
     options = [*MODELS[model], "--epochs", str(epochs), "--threads", "1", "--plan", str(plan),
                "--replan", "off", "--emulate-slowdown", ",".join(map(str, SLOWDOWNS[:ranks])),
-               "--sync-batchnorm", sync,
+               "--sync-batchnorm", sync, "--devices", "cpu",
                "--no-curves", "--quiet", "--out", str(out)]  # fmt: skip
     run_command(lbtrain_command("train", ranks, options))
     steps = [e["step_seconds"] for e in epochs_of(out)[1:]]

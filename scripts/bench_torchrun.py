@@ -40,7 +40,7 @@ VENV_BIN = Path(sys.executable).parent
 RANKS = 2
 TRAIN = (
     "train --dataset synthetic --model hamida --patch-size 3 --dropout 0 --global-batch 8 "
-    "--threads 1 --optimizer sgd --lr 0.05 --quiet --no-map --replan off"
+    "--threads 1 --optimizer sgd --lr 0.05 --quiet --no-map --replan off --devices cpu"
 ).split()
 
 

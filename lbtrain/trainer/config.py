@@ -159,7 +159,8 @@ class TrainConfig:
     checkpoint_seconds: float = setting(
         60.0, "also write a checkpoint every S seconds of training, mid-epoch too, so a lost "
         "rank costs at most about that much work; longer where writing one would otherwise "
-        f"take more than {CHECKPOINT_SHARE:.0%} of the training time (0: by epochs only)",
+        f"take more than {CHECKPOINT_SHARE:.0%} of the training time (0: none by time; the last "
+        "one, and those of checkpoint_every)",
         EVAL, low=0.0, metavar="S")  # fmt: skip
     keep: int = setting(2, "checkpoints kept, the newest", EVAL, low=1)
     out: str | None = setting(

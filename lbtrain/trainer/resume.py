@@ -217,7 +217,7 @@ def _check_resumable(config: TrainConfig, checkpoint: dict[str, Any]) -> None:
         raise ValueError(
             f"resume {checkpoint['path']!r} stopped mid-epoch with global_batch={saved_batch}; "
             f"continue with that global_batch (asked: {config.global_batch}), or resume from "
-            "a checkpoint taken at the end of an epoch"
+            "a checkpoint taken at the end of an epoch (--checkpoint-every 1 writes them)"
         )
 
 
@@ -237,7 +237,7 @@ def _check_mid_epoch_step(
             f"{int(checkpoint['epoch']) + 1}, a tail of {plural(tail, 'sample')}; on "
             f"{plural(world_size, 'rank')} that tail joins the step before, which is done, so "
             f"it would be skipped; resume on {there}, "
-            "or from a checkpoint taken at the end of an epoch"
+            "or from a checkpoint taken at the end of an epoch (--checkpoint-every 1 writes them)"
         )
 
 

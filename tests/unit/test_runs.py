@@ -215,10 +215,11 @@ def test_show_says_where_a_run_was_resumed(runs, tmp_path, capsys):
     assert out.splitlines()[1] == "  resumed in epoch 2 after step 4 on 1 rank", out
     # Into a new folder, the one start record still says how many ranks it came from.
     later = tmp_path / "later"
-    checkpoint = sorted((stopped / "checkpoints").glob("step-*.pt"))[-1]
+    # The stop's own checkpoint, mid-epoch (no epoch's by default: by time and at the end).
+    checkpoint = sorted((stopped / "checkpoints").glob("step-*.pt"))[0]
     assert _cli(capsys, "train", "--resume", str(checkpoint), "--quiet", "--epochs", "5",
                 "--out", str(later))[0] == 0  # fmt: skip
-    assert load_run(later).resumes == ["after epoch 4 on 1 rank"]
+    assert load_run(later).resumes == ["in epoch 2 after step 4 on 1 rank"]
     starts = [r for r in map(json.loads, (later / "metrics.jsonl").read_text().splitlines())
               if r["type"] == "start"]  # fmt: skip
     assert starts[0]["resumed_at"]["world_size"] == 1

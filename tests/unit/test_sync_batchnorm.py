@@ -118,20 +118,24 @@ def test_eval_mode_uses_the_running_statistics_with_no_collective():
     assert torch.allclose(layer(x), torch.zeros(2, 3))
 
 
-def test_float32_statistics_of_an_off_centre_channel_are_combined_in_float64():
+@pytest.mark.parametrize("kind", [nn.BatchNorm1d, nn.BatchNorm2d])
+def test_float32_statistics_of_an_off_centre_channel_are_combined_in_float64(kind):
     """A channel of mean 1e4 and spread 1: in float32 the sum of squares minus N mean^2
     gives +8 or -8 for a variance of about 1 (an ulp of 6e9, over 60); the ranks' figures
     are combined in float64. What remains is the float32 rounding of each rank's
-    mean (an ulp of 1e4 is 1e-3), which moves the between-ranks term by about 1e-4."""
+    mean (an ulp of 1e4 is 1e-3), which moves the between-ranks term by about 1e-4.
+    BatchNorm2d's inputs take the other way to a rank's figures (shifted float32 sums on
+    the CPU): its shift must keep them as precise."""
     torch.manual_seed(0)
-    inputs = torch.randn(60, 2) + 1e4
+    inputs = torch.randn(60, 2) + 1e4 if kind is nn.BatchNorm1d else torch.randn(60, 2, 4, 4) + 1e4
+    dims = [0] if kind is nn.BatchNorm1d else [0, 2, 3]
 
     def work(comm):
-        layer = convert_sync_batchnorm(nn.BatchNorm1d(2, momentum=1.0), comm)
+        layer = convert_sync_batchnorm(kind(2, momentum=1.0), comm)
         layer(inputs[comm.rank * 20 : (comm.rank + 1) * 20])
         return layer.running_var
 
-    expected = inputs.double().var(dim=0)
+    expected = inputs.double().var(dim=dims)
     for variance in _values(run_ranks(3, work, timeout=30)):
         assert torch.allclose(variance.double(), expected, rtol=1e-3)
 
