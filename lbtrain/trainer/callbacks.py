@@ -34,8 +34,7 @@ __all__ = [
     "MetricsCallback",
     "ProgressCallback",
     "ReplanCallback",
-    "checkpoint_steps",
-    "slowest_step_seconds",
+    "checkpoint_interval",
 ]
 
 
@@ -282,25 +281,15 @@ class EvaluateCallback(Callback):
 CHECKPOINT_SHARE = 0.02
 
 
-def checkpoint_steps(
-    seconds: float, step_seconds: float, save_seconds: float, share: float = CHECKPOINT_SHARE
-) -> int:
-    """Steps between checkpoints by time: as many as fit in `seconds` (so a lost rank costs
-    at most that much work), unless a write of `save_seconds` would then take more than
-    `share` of the time: then as many as make it `share`. At least 1; 0 (none by time)
-    when `seconds` is 0 or no step time is known yet."""
-    if seconds <= 0 or step_seconds <= 0:
-        return 0
-    # The tolerance keeps 20 s of 4 s steps at 5 whatever the float rounding of 4.
-    within = math.floor(seconds / step_seconds + 1e-9)
-    affordable = math.ceil(save_seconds / share / step_seconds - 1e-9)
-    return max(1, within, affordable)
-
-
-def slowest_step_seconds(record: EpochRecord) -> float:
-    """The epoch's seconds per step on the slowest rank's clock, from the allgathered figures
-    (the same on every rank); 0 when no rank ran a step of it in this world."""
-    return max((r["seconds"] / r["steps"] for r in record.ranks if r["steps"] > 0), default=0.0)
+def checkpoint_interval(
+    seconds: float, save_seconds: float, share: float = CHECKPOINT_SHARE
+) -> float:
+    """Seconds of training between checkpoints by time: `seconds` (so a lost rank costs at
+    most that much work), unless a write of `save_seconds` would then take more than `share`
+    of the time: then as long as makes it `share`. 0 (none by time) when `seconds` is 0."""
+    if seconds <= 0:
+        return 0.0
+    return max(seconds, save_seconds / share)
 
 
 def trained_seconds(state: RunState) -> float:
@@ -314,13 +303,11 @@ class CheckpointCallback(Callback):
     """Saves every `every` epochs, after the last one, where a signal stopped the run, and
     every `seconds` of training (mid-epoch too; 0: not by time).
 
-    The time becomes a number of steps from figures every rank holds alike, so every rank
-    saves at the same step (the save is collective) without another collective: the plan's
-    predicted step until something is measured, then the step time rank 0 measured between
-    its last two saves (shared by the save), and each epoch's slowest rank's (training
-    time: evaluations and writes left out). A save's own time (rank 0's) lengthens the
-    interval, so that saving by time costs at most `CHECKPOINT_SHARE` of the run, and is
-    left out of the epoch's time.
+    Every rank must save at the same step (the save is collective), and no rank's own clock
+    may decide: the time is rank 0's training clock, which every step's control allreduce
+    hands to every rank (`Control.clock`; evaluations and writes left out). A save's own
+    time (rank 0's) lengthens the interval, so that saving by time costs at most
+    `CHECKPOINT_SHARE` of the run, and is left out of the epoch's time.
     """
 
     order = 60
@@ -335,27 +322,27 @@ class CheckpointCallback(Callback):
         # Checkpoints written in all sessions (each counts itself) and rank 0's seconds of
         # the writes before the newest, as wall_seconds has them.
         self.count, self.total = 0, 0.0
-        self.steps = 0  # between checkpoints by time
-        self._step_seconds = self._save_seconds = 0.0
-        self._since, self._trained = 0, 0.0  # the global step and training time of the latest
+        self.interval = 0.0  # seconds of training between checkpoints by time
+        self._save_seconds = 0.0
+        # Rank 0's training clock at the latest step, and at the latest save (or the start).
+        self._clock = self._mark = 0.0
 
     def on_fit_start(self, engine: Engine) -> None:
-        self._since, self._trained = engine.state.global_step, trained_seconds(engine.state)
-        self._step_seconds = engine.plan.predicted_step_time
-        self._plan()
+        # Rank 0's clock where this session starts (a resumed run's carries on).
+        self._clock = self._mark = engine.comm.bcast(trained_seconds(engine.state), root=0)
+        self.interval = checkpoint_interval(self.seconds, self._save_seconds)
 
     def on_step_end(
         self, engine: Engine, control: Control, times: StepTimes | PendingTimes
     ) -> None:
+        self._clock = control.clock
         # At an epoch's last step the epoch's end decides, with the epoch counted.
-        if engine.state.step < len(engine.loader) and self._due(engine):
+        if engine.state.step < len(engine.loader) and self._due():
             self._save(engine, mid_epoch=True)
 
     def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
-        self._step_seconds = slowest_step_seconds(record) or self._step_seconds
-        self._plan()
         epoch = record.epoch + 1
-        if engine.state.finished or (self.every and epoch % self.every == 0) or self._due(engine):
+        if engine.state.finished or (self.every and epoch % self.every == 0) or self._due():
             self._save(engine)
 
     def on_fit_end(self, engine: Engine) -> None:
@@ -364,11 +351,8 @@ class CheckpointCallback(Callback):
         if self.saved_at != engine.state.global_step:
             self._save(engine)
 
-    def _due(self, engine: Engine) -> bool:
-        return bool(self.steps) and engine.state.global_step - self._since >= self.steps
-
-    def _plan(self) -> None:
-        self.steps = checkpoint_steps(self.seconds, self._step_seconds, self._save_seconds)
+    def _due(self) -> bool:
+        return bool(self.interval) and self._clock - self._mark >= self.interval - 1e-9
 
     def _save(self, engine: Engine, mid_epoch: bool = False) -> None:
         state, timer = engine.state, engine.timer
@@ -380,15 +364,12 @@ class CheckpointCallback(Callback):
         took = timer.now() - began
         if mid_epoch:  # the steps' time stays the steps'
             engine.leave_out(took)
-        # Rank 0's figures for every rank: the save was collective, so they are at hand.
-        trained, took_0 = engine.comm.bcast((trained_seconds(state) - self._trained, took), root=0)
-        if state.global_step > self._since and trained > 0:
-            self._step_seconds = trained / (state.global_step - self._since)
-        self._save_seconds = took_0
-        self.total += took_0
-        self.saved_at = self._since = state.global_step
-        self._trained = trained_seconds(state)
-        self._plan()
+        # Rank 0's figure for every rank: the save was collective, so it is at hand.
+        self._save_seconds = engine.comm.bcast(took, root=0)
+        self.total += self._save_seconds
+        self.saved_at = state.global_step
+        self._mark = self._clock  # the write itself is left out of the clock
+        self.interval = checkpoint_interval(self.seconds, self._save_seconds)
 
     def state_dict(self) -> dict[str, Any]:
         return {"count": self.count, "seconds": self.total}

@@ -23,6 +23,10 @@ class Control:
         samples: samples this rank computed (summed: the global batch).
         nonfinite: 1 when this rank's loss is NaN or infinite (summed: how many ranks).
         sigint, sigterm: 1 when this rank caught that signal (summed: how many ranks).
+        clock: rank 0's seconds of training in the run up to the end of the step before,
+            evaluations and checkpoints' writes left out (the other ranks add 0): a time
+            every rank holds alike, from which they decide together when a checkpoint by
+            time is due.
     """
 
     loss: float = 0.0
@@ -31,12 +35,20 @@ class Control:
     nonfinite: float = 0.0
     sigint: float = 0.0
     sigterm: float = 0.0
+    clock: float = 0.0
 
     @classmethod
     def of_step(
-        cls, weight: float, loss: float, metric: float, samples: int, stop_code: int
+        cls,
+        weight: float,
+        loss: float,
+        metric: float,
+        samples: int,
+        stop_code: int,
+        clock: float = 0.0,
     ) -> Control:
-        """This rank's contribution: its weighted loss (0 if not finite) and stop request."""
+        """This rank's contribution: its weighted loss (0 if not finite), stop request and
+        (rank 0) training clock."""
         finite = math.isfinite(loss)
         return cls(
             loss=weight * loss if finite else 0.0,
@@ -45,6 +57,7 @@ class Control:
             nonfinite=0.0 if finite else 1.0,
             sigint=1.0 if stop_code == 130 else 0.0,
             sigterm=1.0 if stop_code == 143 else 0.0,
+            clock=clock,
         )
 
     def allreduce(self, comm: Communicator) -> Control:

@@ -190,6 +190,13 @@ class Engine:
         if self.state.record is not None:
             self._settle(self.state.record)
 
+    def training_clock(self) -> float:
+        """This rank's seconds of training in the run so far, up to the end of the latest
+        step: evaluations and checkpoints' writes left out. It reads no clock (the step
+        times already read it), so no step phase takes the reading's time."""
+        record = self.state.record
+        return self.state.totals.seconds + (record.seconds if record is not None else 0.0)
+
     def leave_out(self, seconds: float) -> None:
         """Leave `seconds` spent mid-epoch (a checkpoint's write) out of the epoch's time."""
         self._began += seconds
@@ -324,7 +331,8 @@ class Engine:
         # rank starts its collectives in the same order.
         parallel.launch()
         computed = mark()
-        control = Control.of_step(weight, value, metric, len(targets), self.stop.code)
+        clock = self.training_clock() if self.comm.rank == 0 else 0.0
+        control = Control.of_step(weight, value, metric, len(targets), self.stop.code, clock)
         control = control.allreduce(self.comm)
         waited = mark()
         parallel.finish()  # also on the way out: no collective left in flight

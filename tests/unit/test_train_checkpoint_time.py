@@ -1,11 +1,13 @@
 """Checkpoints by time: every `checkpoint_seconds` of training, mid-epoch too, at the same
 global step on every rank, at most `CHECKPOINT_SHARE` of the run, and exact to resume from.
 
-The runs take their time from a model clock (`ModelClock`): each step takes 4 s on every
-rank, a checkpoint's write as long as a test says, nothing else any time. The plan (model 1 s
-a sample, 10 and 30 samples) predicts 10 s a step. With 20 s between checkpoints, the
-first epoch saves every 2 steps (the prediction), until a save measured 4 s a step: then
-every 5. Nothing here depends on how fast the machine is.
+The runs take their time from a model clock (`ModelClock`): each step computes for 4 s on
+every rank, a checkpoint's write as long as a test says, nothing else any time. Every rank
+decides by rank 0's training clock, which each step's control allreduce carries, up to the
+end of the step before (no clock is read for it): with 12 s between checkpoints, every 3
+steps of 5-step epochs, the first after step 4 (the 12 s of steps 1-3 seen at step 4),
+whatever the plan predicts (model 1 s a sample, 10 and 30 samples: 10 s a step, which the
+first interval once trusted). Nothing here depends on how fast the machine is.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 from lbtrain.comm import run_ranks
 from lbtrain.trainer import StepTimer, TrainConfig, train
 from lbtrain.trainer import build as build_module
-from lbtrain.trainer.callbacks import CHECKPOINT_SHARE, checkpoint_steps
+from lbtrain.trainer.callbacks import CHECKPOINT_SHARE, checkpoint_interval
 from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
 from lbtrain.trainer.engine import StepTimes
 from tests.fixtures.faulty_runs import BATCH, FAULTY, final_model, plan_file, same
@@ -31,21 +33,27 @@ class ModelClock(StepTimer):
 
     def __init__(self) -> None:
         self.clock = 0.0
+        self.marks = 0
 
     def now(self) -> float:
         return self.clock
 
+    def mark(self) -> float:
+        # A step's five marks: start, computed (its compute takes STEP), waited, synced, done.
+        if self.marks % 5 == 1:
+            self.clock += STEP
+        self.marks += 1
+        return self.clock
+
     def times(self, marks, samples: int, epoch: int) -> StepTimes:
-        start = self.clock
-        self.clock += STEP
-        return StepTimes(start, self.clock, self.clock, self.clock, self.clock, samples)
+        return StepTimes(*marks, samples=samples)
 
 
 def _config(folder: Path, **changes) -> TrainConfig:
     settings = dict(
         workload=FAULTY, global_batch=BATCH, threads=1, min_batch=1, epochs=3, replan="off",
         quiet=True, curves=False, plan=str(plan_file(folder, [1.0, 3.0])),
-        out=str(folder / "run"), checkpoint_every=0, checkpoint_seconds=20.0, keep=10,
+        out=str(folder / "run"), checkpoint_every=0, checkpoint_seconds=12.0, keep=10,
     )  # fmt: skip
     settings.update(changes)
     return TrainConfig(**settings)
@@ -88,35 +96,35 @@ def _files(run: Path) -> list[int]:
 
 def test_checkpoints_by_time_fall_on_the_same_steps_on_every_rank(tmp_path, monkeypatch):
     saved = _train(_config(tmp_path), monkeypatch)
-    # 2 steps as predicted (10 s a step); then every 5 (4 s, measured); the end.
-    assert saved == [[2, 7, 12, 15]] * 2, saved
-    assert _files(tmp_path / "run") == [2, 7, 12, 15]
+    # Every 3 steps (12 s of 4-s steps; the plan's 10 s a step does not decide); the end.
+    assert saved == [[4, 7, 10, 13, 15]] * 2, saved
+    assert _files(tmp_path / "run") == [4, 7, 10, 13, 15]
     # Mid-epoch: at the step a resume continues from.
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "step-000000007.pt")
     assert (state["epoch"], state["step"]) == (1, 2)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert (summary["checkpoints"], summary["checkpoint_seconds"]) == (4, 0.0)
+    assert (summary["checkpoints"], summary["checkpoint_seconds"]) == (5, 0.0)
 
 
 def test_checkpoints_by_epochs_go_on_beside_those_by_time_and_reset_their_count(
     tmp_path, monkeypatch
 ):
     saved = _train(_config(tmp_path, checkpoint_every=1), monkeypatch)
-    # 10 is due by time too, at its epoch's last step: written once, at the epoch's end.
-    assert saved == [[2, 5, 10, 15]] * 2, saved
+    # By time at 4; the epoch's at 5 resets the count: 8, not 7; the epoch's at 10; ...
+    assert saved == [[4, 5, 8, 10, 13, 15]] * 2, saved
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step-000000010.pt")["step"] == 0
 
 
-def test_an_epoch_measured_before_any_write_corrects_the_prediction(tmp_path, monkeypatch):
-    # 60 s: 6 steps as predicted, past the first epoch; measured, 15.
+def test_an_interval_longer_than_an_epoch_runs_across_epochs(tmp_path, monkeypatch):
+    # 60 s: 15 steps, seen at step 16 (the prediction, 10 s a step, would say 6).
     saved = _train(_config(tmp_path, epochs=4, checkpoint_seconds=60.0), monkeypatch)
-    assert saved == [[15, 20]] * 2, saved
+    assert saved == [[16, 20]] * 2, saved
 
 
 def test_keep_holds_for_checkpoints_by_time(tmp_path, monkeypatch):
     saved = _train(_config(tmp_path, keep=2), monkeypatch)
-    assert saved[0] == [2, 7, 12, 15]
-    assert _files(tmp_path / "run") == [12, 15]
+    assert saved[0] == [4, 7, 10, 13, 15]
+    assert _files(tmp_path / "run") == [13, 15]
 
 
 def test_zero_seconds_checkpoints_by_epochs_only(tmp_path, monkeypatch):
@@ -126,11 +134,11 @@ def test_zero_seconds_checkpoints_by_epochs_only(tmp_path, monkeypatch):
 
 
 def test_a_long_write_lengthens_the_interval_by_rank_0s_measure(tmp_path, monkeypatch):
-    # Rank 0's write takes 1 s: 2% of 50 s, 13 steps of 4 s, not 5. Rank 1's (0.5 s) is
-    # not what every rank decides by: each by its own would save at different steps.
+    # Rank 0's write takes 1 s: 2% of 50 s, so after the first write (at 12 s) the next
+    # comes 50 s later, at 62 s, seen at step 17 (64 s), not at step 7. Rank 1's (0.5 s,
+    # 25 s) is not what every rank decides by: each by its own would save at other steps.
     saved = _train(_config(tmp_path, epochs=4), monkeypatch, write_seconds=(1.0, 0.5))
-    # 15 is an epoch's last step: saved at that epoch's end.
-    assert saved == [[2, 15, 20]] * 2, saved
+    assert saved == [[4, 17, 20]] * 2, saved
     # The epochs' own time leaves the writes out (one fell in the first).
     assert [e["seconds"] for e in _epochs(tmp_path / "run")] == pytest.approx([5 * STEP] * 4)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -151,22 +159,17 @@ def test_a_run_resumed_from_a_checkpoint_by_time_ends_as_the_one_never_stopped(
     mid_epoch = timed / "run" / "checkpoints" / "step-000000007.pt"
     config = _config(resumed, resume=str(mid_epoch), plan=None, out=str(resumed / "run"))
     _train(config, monkeypatch)
-    # This session starts from the prediction again: 2 steps, then 5.
-    assert _files(resumed / "run") == [9, 14, 15]
+    # The clock carries on from the checkpoint's 28 s (7 steps): the next is due at 40 s,
+    # seen at step 11, then 14; the end.
+    assert _files(resumed / "run") == [11, 14, 15]
     assert same(final_model(resumed / "run"), final_model(untimed / "run"))
     summary = json.loads((resumed / "run" / "summary.json").read_text())
-    assert summary["checkpoints"] == 5  # 2 and 7 before the resume, then 3
+    assert summary["checkpoints"] == 5  # 4 and 7 before the resume, then 11, 14 and 15
 
 
-def test_the_interval_fits_the_seconds_unless_the_write_needs_it_longer():
-    assert checkpoint_steps(60.0, 0.1, 0.0) == 600
-    assert checkpoint_steps(20.0, 4.0, 0.0) == 5
-    assert checkpoint_steps(20.0, 4.0 * (1 + 1e-15), 0.0) == 5  # float rounding
-    assert checkpoint_steps(1.0, 4.0, 0.0) == 1  # never less than a step
-    # A 3 s write is 2% of 150 s: 1500 steps of 0.1 s, not 600.
-    assert checkpoint_steps(60.0, 0.1, 3.0) == 1500
-    steps = checkpoint_steps(60.0, 0.1, 7.0)
-    assert 7.0 / (steps * 0.1) <= CHECKPOINT_SHARE < 7.0 / ((steps - 1) * 0.1)
-    assert checkpoint_steps(60.0, 0.1, 0.5) == 600  # a short write: the setting holds
-    assert checkpoint_steps(0.0, 0.1, 3.0) == 0  # off
-    assert checkpoint_steps(60.0, 0.0, 0.0) == 0  # no step time known yet
+def test_the_interval_is_the_seconds_unless_the_write_needs_it_longer():
+    assert checkpoint_interval(60.0, 0.0) == 60.0
+    # A 3 s write is 2% of 150 s.
+    assert checkpoint_interval(60.0, 3.0) == pytest.approx(3.0 / CHECKPOINT_SHARE) == 150.0
+    assert checkpoint_interval(60.0, 0.5) == 60.0  # a short write: the setting holds
+    assert checkpoint_interval(0.0, 3.0) == 0.0  # off
