@@ -173,7 +173,8 @@ class TrainConfig:
     resume: str | None = setting(
         None, "continue from a checkpoint file or a run folder; its settings are the "
         "defaults, the settings given override them; auto: continue the run in out from "
-        "its newest checkpoint, or start it there when it has none (the same command "
+        "its newest checkpoint that reads (a damaged one is moved aside, with a warning), "
+        "or start it there when it has none (the same command "
         "starts a run and continues it after a restart; a folder holding another "
         "recipe is refused)", RUN, metavar="PATH|auto", default_text="start afresh")  # fmt: skip
     weighting: str = setting(

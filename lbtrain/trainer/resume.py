@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,10 +64,10 @@ def read_checkpoint(resume: str | None, out: str | None = None) -> dict[str, Any
         found = list_checkpoints(Path(out or ".") / CHECKPOINT_DIR)
         if not found:
             return None  # nothing to continue: the run starts in `out`
-        path = found[-1]
+        path, state = _newest_readable(found)
     else:
         path = find_checkpoint(resume)
-    state = load_checkpoint(path)
+        state = load_checkpoint(path)
     if state.get("format") != FORMAT:
         raise ValueError(
             f"resume {str(path)!r} was written by an older lbtrain (checkpoint format "
@@ -75,6 +76,31 @@ def read_checkpoint(resume: str | None, out: str | None = None) -> dict[str, Any
         )
     state["path"] = str(path)
     return state
+
+
+def _newest_readable(found: list[Path]) -> tuple[Path, dict[str, Any]]:
+    """The newest of a run's checkpoints that reads, for `resume=auto`: a restart goes on by
+    itself past a damaged newest one (a disk's fault; the writes are atomic), which is
+    moved aside to `<name>.damaged` with one warning, so the run's list stays in order.
+    When none reads, the newest's error."""
+    first: ValueError | None = None
+    for path in reversed(found):
+        try:
+            state = load_checkpoint(path)
+        except ValueError as exc:
+            first = first or exc
+            continue
+        for damaged in found[found.index(path) + 1 :]:
+            aside = damaged.with_name(damaged.name + ".damaged")
+            damaged.replace(aside)
+            warnings.warn(
+                f"checkpoint {str(damaged)!r} cannot be read; continuing from {str(path)!r} "
+                f"instead (the damaged one is kept as {aside.name})",
+                stacklevel=1,
+            )
+        return path, state
+    assert first is not None
+    raise first
 
 
 def recipe_differences(config: TrainConfig, saved: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ from lbtrain.comm import run_ranks
 from lbtrain.trainer import Callback, TrainConfig, train
 from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
 from lbtrain.viz.trace import check_trace, load_trace
-from tests.fixtures.faulty_runs import BATCH, FAULTY, final_model
+from tests.fixtures.faulty_runs import BATCH, FAULTY, final_model, same
 from tests.unit.test_train_resume_exact import StopAt
 
 EPOCHS = 4
@@ -148,3 +148,26 @@ def test_a_resume_that_fails_while_it_is_built_leaves_the_run_folder_as_it_was(t
     with pytest.raises(RuntimeError, match="size mismatch"):  # resumed for a second epoch
         _train(_config(run, epochs=2, resume=str(run)), ranks=1)
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def _damage(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a copy cut short
+
+
+def test_auto_goes_on_past_a_damaged_newest_checkpoint_and_refuses_when_none_reads(tmp_path):
+    whole = tmp_path / "whole"
+    assert _train(_config(whole), ranks=1) == [0]
+    run = tmp_path / "run"
+    assert _train(_config(run), ranks=1) == [0]
+    older, newest = list_checkpoints(run / "checkpoints")  # epochs 3 and 4, the end
+    _damage(newest)
+    with pytest.warns(UserWarning, match=f"checkpoint '{newest}' cannot be read; continuing"):
+        assert _train(_config(run), ranks=1) == [0]
+    # From epoch 3's checkpoint: epoch 4 again, on the same batches.
+    assert newest.with_name(newest.name + ".damaged").exists()
+    assert [r["resumed_at"]["epoch"] for r in _records(run, "start") if r["resumed_at"]] == [3]
+    assert same(final_model(run), final_model(whole))
+    for path in list_checkpoints(run / "checkpoints"):
+        _damage(path)
+    with pytest.raises(CollectiveError, match="is damaged, cut short or overwritten"):
+        _train(_config(run), ranks=1)
