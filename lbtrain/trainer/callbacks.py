@@ -305,7 +305,8 @@ class CheckpointCallback(Callback):
 
     Every rank must save at the same step (the save is collective), and no rank's own clock
     may decide: the time is rank 0's training clock, which every step's control allreduce
-    hands to every rank (`Control.clock`; evaluations and writes left out). A save's own
+    hands to every rank up to the step before (`Control.clock`; evaluations and writes left
+    out), and a broadcast whole at each epoch's end and each save. A save's own
     time (rank 0's) lengthens the interval, so that saving by time costs at most
     `CHECKPOINT_SHARE` of the run, and is left out of the epoch's time.
     """
@@ -341,6 +342,8 @@ class CheckpointCallback(Callback):
             self._save(engine, mid_epoch=True)
 
     def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
+        # The steps carried the clock up to the step before the last: the epoch's whole.
+        self._clock = engine.comm.bcast(engine.training_clock(), root=0)
         epoch = record.epoch + 1
         if engine.state.finished or (self.every and epoch % self.every == 0) or self._due():
             self._save(engine)
@@ -364,15 +367,17 @@ class CheckpointCallback(Callback):
         took = timer.now() - began
         if mid_epoch:  # the steps' time stays the steps'
             engine.leave_out(took)
-        # Rank 0's figure for every rank: the save was collective, so it is at hand.
-        self._save_seconds = engine.comm.bcast(took, root=0)
+        # Rank 0's figures for every rank: the save was collective, so they are at hand. The
+        # clock of the saved step (the write itself is left out of it).
+        self._save_seconds, self._mark = engine.comm.bcast((took, engine.training_clock()), root=0)
         self.total += self._save_seconds
         self.saved_at = state.global_step
-        self._mark = self._clock  # the write itself is left out of the clock
         self.interval = checkpoint_interval(self.seconds, self._save_seconds)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "seconds": self.total}
+        # The last write's time too: a resumed run keeps the 2% rule's interval.
+        return {"count": self.count, "seconds": self.total, "last": self._save_seconds}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.count, self.total = int(state.get("count", 0)), float(state.get("seconds", 0.0))
+        self._save_seconds = float(state.get("last", 0.0))

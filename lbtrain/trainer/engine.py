@@ -194,8 +194,9 @@ class Engine:
         """This rank's seconds of training in the run so far, up to the end of the latest
         step: evaluations and checkpoints' writes left out. It reads no clock (the step
         times already read it), so no step phase takes the reading's time."""
-        record = self.state.record
-        return self.state.totals.seconds + (record.seconds if record is not None else 0.0)
+        state, record = self.state, self.state.record
+        # At an epoch's end the totals hold it already (and the step is back at 0).
+        return state.totals.seconds + (record.seconds if record is not None and state.step else 0.0)
 
     def leave_out(self, seconds: float) -> None:
         """Leave `seconds` spent mid-epoch (a checkpoint's write) out of the epoch's time."""

@@ -140,6 +140,24 @@ def test_float32_statistics_of_an_off_centre_channel_are_combined_in_float64(kin
         assert torch.allclose(variance.double(), expected, rtol=1e-3)
 
 
+def test_a_rank_s_variance_stays_precise_with_one_sample_far_from_the_others():
+    """A rank's figures come from sums of the input less its mean (BatchNorm2d on the CPU):
+    a sparse channel, one sample active among 2048, against float64. Less the first
+    sample's mean instead, the float32 sums cancel: 1e-2 off."""
+    torch.manual_seed(0)
+    inputs = torch.randn(2048, 2, 2, 2) * 1e-2
+    inputs[0] += 100
+
+    def work(comm):
+        layer = convert_sync_batchnorm(nn.BatchNorm2d(2, momentum=1.0), comm)
+        layer(inputs[comm.rank * 1024 : (comm.rank + 1) * 1024])
+        return layer.running_var
+
+    expected = inputs.double().var(dim=[0, 2, 3])
+    for variance in _values(run_ranks(2, work, timeout=30)):
+        assert torch.allclose(variance.double(), expected, rtol=1e-4)
+
+
 def test_a_batchnorm_of_its_own_is_refused_by_name_on_every_rank():
     class MyNorm(nn.BatchNorm1d):
         def forward(self, x):

@@ -2,12 +2,13 @@
 global step on every rank, at most `CHECKPOINT_SHARE` of the run, and exact to resume from.
 
 The runs take their time from a model clock (`ModelClock`): each step computes for 4 s on
-every rank, a checkpoint's write as long as a test says, nothing else any time. Every rank
-decides by rank 0's training clock, which each step's control allreduce carries, up to the
-end of the step before (no clock is read for it): with 12 s between checkpoints, every 3
-steps of 5-step epochs, the first after step 4 (the 12 s of steps 1-3 seen at step 4),
-whatever the plan predicts (model 1 s a sample, 10 and 30 samples: 10 s a step, which the
-first interval once trusted). Nothing here depends on how fast the machine is.
+rank 0 (3 s on rank 1), a checkpoint's write as long as a test says, nothing else any time.
+Every rank decides by rank 0's training clock, which each step's control allreduce carries
+up to the end of the step before (no clock is read for it), and which each epoch's end and
+each save share whole: with 12 s between checkpoints, the first after step 4 (the 12 s of
+steps 1-3 seen at step 4), then every 4 steps (a due time is seen a step late), whatever
+the plan predicts (model 1 s a sample, 10 and 30 samples: 10 s a step, which the first
+interval once trusted). Nothing here depends on how fast the machine is.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ STEP = 4.0  # model seconds of a step, on every rank
 
 
 class ModelClock(StepTimer):
-    """A clock only steps (and the test's checkpoint writes) move."""
+    """A clock only steps (and the test's checkpoint writes) move, `step` s a step."""
 
-    def __init__(self) -> None:
-        self.clock = 0.0
+    def __init__(self, step: float = STEP) -> None:
+        self.clock, self.step = 0.0, step
         self.marks = 0
 
     def now(self) -> float:
@@ -41,7 +42,7 @@ class ModelClock(StepTimer):
     def mark(self) -> float:
         # A step's five marks: start, computed (its compute takes STEP), waited, synced, done.
         if self.marks % 5 == 1:
-            self.clock += STEP
+            self.clock += self.step
         self.marks += 1
         return self.clock
 
@@ -64,7 +65,9 @@ def _train(
 ) -> list[list[int]]:
     """Train on 2 ranks; each rank's checkpoint writes take `write_seconds[rank]` on its
     clock. Returns the global steps each rank saved at."""
-    clocks = [ModelClock(), ModelClock()]
+    # Rank 1's steps take 3 s: a rank that decided by its own clock would save at other
+    # steps than rank 0, and the collective save would fail.
+    clocks = [ModelClock(), ModelClock(STEP - 1.0)]
     saved: list[list[int]] = [[], []]
     real = build_module.checkpoint_state
 
@@ -96,35 +99,35 @@ def _files(run: Path) -> list[int]:
 
 def test_checkpoints_by_time_fall_on_the_same_steps_on_every_rank(tmp_path, monkeypatch):
     saved = _train(_config(tmp_path), monkeypatch)
-    # Every 3 steps (12 s of 4-s steps; the plan's 10 s a step does not decide); the end.
-    assert saved == [[4, 7, 10, 13, 15]] * 2, saved
-    assert _files(tmp_path / "run") == [4, 7, 10, 13, 15]
+    # At 12 s (seen at step 4), 28 s (8), 44 s (12); the end. Not at 10 s a step's count.
+    assert saved == [[4, 8, 12, 15]] * 2, saved
+    assert _files(tmp_path / "run") == [4, 8, 12, 15]
     # Mid-epoch: at the step a resume continues from.
-    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "step-000000007.pt")
-    assert (state["epoch"], state["step"]) == (1, 2)
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "step-000000008.pt")
+    assert (state["epoch"], state["step"]) == (1, 3)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert (summary["checkpoints"], summary["checkpoint_seconds"]) == (5, 0.0)
+    assert (summary["checkpoints"], summary["checkpoint_seconds"]) == (4, 0.0)
 
 
 def test_checkpoints_by_epochs_go_on_beside_those_by_time_and_reset_their_count(
     tmp_path, monkeypatch
 ):
     saved = _train(_config(tmp_path, checkpoint_every=1), monkeypatch)
-    # By time at 4; the epoch's at 5 resets the count: 8, not 7; the epoch's at 10; ...
-    assert saved == [[4, 5, 8, 10, 13, 15]] * 2, saved
+    # By time at 4; the epoch's at 5 resets the count: 9, not 8; the epoch's at 10; ...
+    assert saved == [[4, 5, 9, 10, 14, 15]] * 2, saved
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step-000000010.pt")["step"] == 0
 
 
 def test_an_interval_longer_than_an_epoch_runs_across_epochs(tmp_path, monkeypatch):
-    # 60 s: 15 steps, seen at step 16 (the prediction, 10 s a step, would say 6).
+    # 60 s: 15 steps, the third epoch's end (the prediction, 10 s a step, would say 6).
     saved = _train(_config(tmp_path, epochs=4, checkpoint_seconds=60.0), monkeypatch)
-    assert saved == [[16, 20]] * 2, saved
+    assert saved == [[15, 20]] * 2, saved
 
 
 def test_keep_holds_for_checkpoints_by_time(tmp_path, monkeypatch):
     saved = _train(_config(tmp_path, keep=2), monkeypatch)
-    assert saved[0] == [4, 7, 10, 13, 15]
-    assert _files(tmp_path / "run") == [13, 15]
+    assert saved[0] == [4, 8, 12, 15]
+    assert _files(tmp_path / "run") == [12, 15]
 
 
 def test_zero_seconds_checkpoints_by_epochs_only(tmp_path, monkeypatch):
@@ -134,11 +137,12 @@ def test_zero_seconds_checkpoints_by_epochs_only(tmp_path, monkeypatch):
 
 
 def test_a_long_write_lengthens_the_interval_by_rank_0s_measure(tmp_path, monkeypatch):
-    # Rank 0's write takes 1 s: 2% of 50 s, so after the first write (at 12 s) the next
-    # comes 50 s later, at 62 s, seen at step 17 (64 s), not at step 7. Rank 1's (0.5 s,
-    # 25 s) is not what every rank decides by: each by its own would save at other steps.
+    # Rank 0's write takes 1 s: 2% of 50 s, so after the first write (after step 4, 16 s)
+    # the next comes 50 s later, at 66 s, seen at step 18 (68 s), not at step 8. Rank 1's
+    # (0.5 s, 25 s) is not what every rank decides by: each by its own would save at other
+    # steps.
     saved = _train(_config(tmp_path, epochs=4), monkeypatch, write_seconds=(1.0, 0.5))
-    assert saved == [[4, 17, 20]] * 2, saved
+    assert saved == [[4, 18, 20]] * 2, saved
     # The epochs' own time leaves the writes out (one fell in the first).
     assert [e["seconds"] for e in _epochs(tmp_path / "run")] == pytest.approx([5 * STEP] * 4)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -156,15 +160,15 @@ def test_a_run_resumed_from_a_checkpoint_by_time_ends_as_the_one_never_stopped(
     # Writing mid-epoch changes nothing of the training.
     assert same(final_model(timed / "run"), final_model(untimed / "run"))
     resumed = tmp_path / "resumed"
-    mid_epoch = timed / "run" / "checkpoints" / "step-000000007.pt"
+    mid_epoch = timed / "run" / "checkpoints" / "step-000000008.pt"
     config = _config(resumed, resume=str(mid_epoch), plan=None, out=str(resumed / "run"))
     _train(config, monkeypatch)
-    # The clock carries on from the checkpoint's 28 s (7 steps): the next is due at 40 s,
-    # seen at step 11, then 14; the end.
-    assert _files(resumed / "run") == [11, 14, 15]
+    # The clock carries on from the checkpoint's 32 s (8 steps): the next is due at 44 s,
+    # seen at step 12, as in the run never stopped; the end.
+    assert _files(resumed / "run") == [12, 15]
     assert same(final_model(resumed / "run"), final_model(untimed / "run"))
     summary = json.loads((resumed / "run" / "summary.json").read_text())
-    assert summary["checkpoints"] == 5  # 4 and 7 before the resume, then 11, 14 and 15
+    assert summary["checkpoints"] == 4  # 4 and 8 before the resume, then 12 and 15
 
 
 def test_the_interval_is_the_seconds_unless_the_write_needs_it_longer():
