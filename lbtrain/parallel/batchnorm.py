@@ -6,10 +6,10 @@ process's statistics nor DDP's; the slowest rank may hold 2 samples, or 1, or no
 and every backward the input gradient one process computes, whatever the shares:
 
 * forward: one sum-allreduce per layer of the per-channel count, sum and sum of squares
-  (each rank's own mean and variance come from float32 sums of the input less its mean on
-  the CPU, from BatchNorm's kernel elsewhere, and are combined in float64: the
-  sum of squares minus N mean^2 cancels, and float32 would lose the variance of a channel
-  whose mean is a few hundred times its spread);
+  (each rank's own mean and variance come from sums of the input less its mean, in the
+  input's precision, on the CPU, from BatchNorm's kernel elsewhere, and are combined in
+  float64: the sum of squares minus N mean^2 cancels, and float32 would lose the variance
+  of a channel whose mean is a few hundred times its spread);
 * backward: one sum-allreduce of the per-channel sum of dy and of dy * x_hat; with the global
   count they give the input gradient of the whole batch. The parameters' gradients stay this
   rank's sums, which the gradient sync adds up like every other parameter's.
@@ -169,10 +169,11 @@ def _local_figures(input: torch.Tensor, channels: int, local: int) -> torch.Tens
     full = input.dtype in (torch.float32, torch.float64)  # half sums would round the figures
     if input.device.type == "cpu" and input.dim() > 2 and full:
         # Two passes, the mean, then sums of the input less it (the corrected two-pass
-        # variance): about 4x faster on one CPU thread than BatchNorm's training kernel
-        # (BENCHMARKS.md, issue 37) and as precise, since the sums of (x - mean) do not
-        # cancel, however far the mean is from 0 or one sample from the others. (Less the
-        # first sample's mean alone, a sparse channel, one active sample in 2048, was 1% off.)
+        # variance, in the input's precision): about 3x faster on one CPU thread than
+        # BatchNorm's training kernel (BENCHMARKS.md, issue 37) and as precise, since the
+        # sums of (x - mean) do not cancel, however far the mean is from 0 or one sample
+        # from the others. (Less the first sample's mean alone, a sparse channel, one
+        # active sample in 2048, was 1% off.)
         dims = [0, *range(2, input.dim())]
         shift = input.mean(dims)
         shifted = input - shift.view([1, channels] + [1] * (input.dim() - 2))
