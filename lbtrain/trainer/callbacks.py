@@ -17,7 +17,7 @@ from typing import Any
 
 from lbtrain.balancer import BalancePlan
 from lbtrain.trainer.control import Control
-from lbtrain.trainer.engine import Callback, Engine, RunState, TrainingDiverged
+from lbtrain.trainer.engine import Callback, Engine, TrainingDiverged
 from lbtrain.trainer.progress import Progress
 from lbtrain.trainer.records import EpochRecord
 from lbtrain.trainer.replanner import Replanner
@@ -292,13 +292,6 @@ def checkpoint_interval(
     return max(seconds, save_seconds / share)
 
 
-def trained_seconds(state: RunState) -> float:
-    """This rank's seconds of training in the run so far, the epoch in progress included:
-    the epochs' time, which leaves out evaluations and checkpoints' writes."""
-    record = state.record
-    return state.totals.seconds + (record.seconds if record is not None and state.step else 0.0)
-
-
 class CheckpointCallback(Callback):
     """Saves every `every` epochs, after the last one, where a signal stopped the run, and
     every `seconds` of training (mid-epoch too; 0: not by time).
@@ -330,7 +323,7 @@ class CheckpointCallback(Callback):
 
     def on_fit_start(self, engine: Engine) -> None:
         # Rank 0's clock where this session starts (a resumed run's carries on).
-        self._clock = self._mark = engine.comm.bcast(trained_seconds(engine.state), root=0)
+        self._clock = self._mark = engine.comm.bcast(engine.training_clock(), root=0)
         self.interval = checkpoint_interval(self.seconds, self._save_seconds)
 
     def on_step_end(
