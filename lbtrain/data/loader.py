@@ -26,14 +26,16 @@ class BalancedLoader(DataLoader):
     one in its epoch (`BalancedDataParallel` reads them all).
 
     A rank whose share is zero (`empty`) still yields one batch per step, so it takes the
-    same steps as the others: a batch of zero samples shaped like a real one. Skip forward
-    and backward on it (a mean over no samples is NaN) and call `sync_gradients` with
-    weight 0, which adds zeros.
+    same steps as the others: a batch of zero samples shaped like a real one. So does a rank
+    with a share at an epoch's last step when that step's tail has fewer samples than the
+    ranks with a share. Skip forward and backward where `samples` is 0 (a mean over no
+    samples is NaN) and call `sync_gradients` with weight 0, which adds zeros.
     """
 
     batch_sampler: BalancedBatchSampler
 
     def __init__(self, dataset: Dataset, batch_sampler: BalancedBatchSampler, **kwargs: Any):
+        batch_sampler.skip_empty = True
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.weight: float = batch_sampler.step_weights[0]
         self.samples: int = 0
@@ -84,9 +86,11 @@ class BalancedLoader(DataLoader):
                 yield self.empty_batch()
             return
         # Workers prefetch ahead of the consumer, so the weight follows the batches
-        # handed out, not the sampler's position.
-        batches = zip(schedule, super().__iter__(), strict=False)
-        for step, ((start, stop, shares), batch) in enumerate(batches, start=first):
+        # handed out, not the sampler's position. The sampler leaves out the steps where
+        # this rank has no sample (a tail shorter than the ranks): an empty batch there.
+        fetched = super().__iter__()
+        for step, (start, stop, shares) in enumerate(schedule, start=first):
+            batch = next(fetched) if shares[rank] else self.empty_batch()
             self._at(epoch, step, shares[rank], stop - start)
             yield batch
 
@@ -158,7 +162,7 @@ def balanced_loader(
         ...     loader.set_epoch(epoch)
         ...     for x, y in loader:
         ...         optimizer.zero_grad()
-        ...         if not loader.empty:  # a zero share computes nothing, adds zeros
+        ...         if loader.samples:  # an empty batch (a zero share) computes nothing
         ...             loss_fn(model(x), y).backward()
         ...         sync_gradients(model, loader.weight, comm)
         ...         optimizer.step()

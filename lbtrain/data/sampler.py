@@ -32,19 +32,22 @@ def epoch_schedule(
 ) -> list[tuple[int, int, tuple[int, ...]]]:
     """The global batches of one epoch as (start, stop, per-rank share sizes).
 
-    Global batch k covers perm[start:stop]. A short last batch is split by the plan's
-    proportions; if it holds fewer samples than there are ranks, it joins the batch before
-    it, so no rank with a share ever gets an empty batch and no sample is skipped. A rank
-    whose share is zero gets an empty batch at every step. Every rank computes the same
-    schedule from the same arguments, so the step count agrees without communication.
+    Global batch k covers perm[start:stop]. A short last batch is a step of its own, split
+    by the plan's proportions, unless it holds a single sample: that one joins the batch
+    before it (see `steps_per_epoch`). Where the tail has fewer samples than the ranks with
+    a share, some of them get an empty batch at that step. The global batches depend only
+    on the dataset's length, the global batch and `drop_last`, never on the number of
+    ranks or the plan: one process and any world take the same steps. A rank whose share is
+    zero gets an empty batch at every step. Every rank computes the same schedule from the
+    same arguments, so the step count agrees without communication.
     """
     full = plan.global_batch_size
     steps, tail = divmod(num_samples, full)
     bounds = [(k * full, (k + 1) * full) for k in range(steps)]
-    if steps_per_epoch(num_samples, full, plan.world_size, drop_last) > steps:
+    if steps_per_epoch(num_samples, full, drop_last) > steps:
         bounds.append((steps * full, num_samples))  # the tail, a step of its own
     elif tail and not drop_last:
-        bounds[-1] = (bounds[-1][0], num_samples)  # a tail shorter than the world joins it
+        bounds[-1] = (bounds[-1][0], num_samples)  # a one-sample tail joins the step before
     schedule = []
     for start, stop in bounds:
         size = stop - start
@@ -53,41 +56,42 @@ def epoch_schedule(
     return schedule
 
 
-def steps_per_epoch(
-    num_samples: int, global_batch: int, world_size: int, drop_last: bool = False
-) -> int:
+# A tail shorter than this joins the batch before it. A step of one sample cannot train
+# BatchNorm1d (one value per channel) and normalises any BatchNorm by that sample alone, right
+# before each evaluation; one sample more in the last full batch costs nothing.
+MIN_TAIL = 2
+
+
+def steps_per_epoch(num_samples: int, global_batch: int, drop_last: bool = False) -> int:
     """How many global batches an epoch has: a short tail is a step of its own when it holds
-    at least one sample per rank (or is all there is), else it joins the step before."""
+    at least `MIN_TAIL` samples (or is all there is), else it joins the step before."""
     steps, tail = divmod(num_samples, global_batch)
-    # world_size, not the ranks with a share: the step count must not depend on the plan,
-    # so that re-planning keeps every rank's step count (and the LR schedule) as it was.
-    if tail and not drop_last and (tail >= world_size or not steps):
+    # Not the world size, nor the ranks with a share: one process and every world, before
+    # and after re-planning or a change of world, take the same steps (and LR schedule).
+    if tail and not drop_last and (tail >= MIN_TAIL or not steps):
         steps += 1
     return steps
 
 
 def _split_like(plan: BalancePlan, size: int) -> list[int]:
-    active = len(plan.active_ranks)
-    if size < active:
-        raise ValueError(
-            f"a global batch of {size} samples cannot give each of {active} ranks a "
-            "sample; the dataset is smaller than the number of replicas"
-        )
-    # A zero share stays zero: a rank left out by the plan is left out of the tail too.
-    lower = [1 if b > 0 else 0 for b in plan.batch_sizes]
+    # A zero share stays zero: a rank left out by the plan is left out of the tail too. The
+    # others get a sample each where the tail has enough; where it has fewer, the largest
+    # shares take them and the rest get an empty batch at this step.
+    enough = size >= len(plan.active_ranks)
+    lower = [1 if b > 0 and enough else 0 for b in plan.batch_sizes]
     caps = [
         (math.inf if r.cap is None else r.cap) if b > 0 else 0
         for r, b in zip(plan.replicas, plan.batch_sizes, strict=True)
     ]
     if sum(caps) < size:
-        # Only a merged tail (at most P - 1 samples over B) can get here. A cap is memory:
-        # refuse now, at construction, rather than exceed it at the epoch's last step.
+        # Only a merged tail (one sample over B) can get here. A cap is memory: refuse now,
+        # at construction, rather than exceed it at the epoch's last step.
         held = [None if math.isinf(c) else int(c) for c in caps]
         raise ValueError(
-            f"the epoch's last step merges a short tail into a global batch of {size} "
+            f"the epoch's last step merges a one-sample tail into a global batch of {size} "
             f"samples, but the ranks' caps {held} hold only {int(sum(caps))}; pass "
             "drop_last=True, or choose a global batch that divides the dataset or leaves a "
-            f"tail of at least {plan.world_size} samples"
+            f"tail of at least {MIN_TAIL} samples"
         )
     targets = [min(size * w, cap) for w, cap in zip(plan.weights, caps, strict=True)]
     return largest_remainder(targets, size, lower, caps, plan.batch_sizes)
@@ -100,7 +104,10 @@ class BalancedBatchSampler(Sampler[list[int]]):
     batch k is `perm[k*B:(k+1)*B]`, cut into contiguous shares of sizes b_0..b_{P-1}; this
     rank gets share `rank`. Across ranks every sample is seen exactly once per epoch (or,
     with `drop_last`, every sample but the short tail) and every rank takes the same number
-    of steps. A rank with a zero share yields an empty list at every step.
+    of steps, the number one process takes. A rank with a zero share yields an empty list
+    at every step, and a rank with a share does at the last step where that step's tail
+    has fewer samples than there are such ranks (`BalancedLoader` hands out an empty batch
+    shaped like a real one there).
 
     Args:
         num_samples: length of the dataset.
@@ -142,8 +149,8 @@ class BalancedBatchSampler(Sampler[list[int]]):
         if num_samples < len(plan.active_ranks):
             raise ValueError(
                 f"the dataset has {num_samples} sample{'s' * (num_samples != 1)}, fewer than the "
-                f"{len(plan.active_ranks)} ranks with a share; every such rank needs at least "
-                "one sample per step"
+                f"{len(plan.active_ranks)} ranks with a share: some would never get one; use "
+                "fewer ranks or a larger dataset"
             )
         if drop_last and num_samples < plan.global_batch_size:
             raise ValueError(
@@ -159,6 +166,9 @@ class BalancedBatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
         self.epoch = 0
         self.first_step = 0  # where the next pass begins (start_at)
+        # Leave out the steps where this rank has no sample (set by `BalancedLoader`, which
+        # fetches the others through its DataLoader and hands out an empty batch there).
+        self.skip_empty = False
         self._schedule = epoch_schedule(num_samples, plan, drop_last)
 
     def set_epoch(self, epoch: int) -> None:
@@ -220,11 +230,20 @@ class BalancedBatchSampler(Sampler[list[int]]):
         return torch.randperm(self.num_samples, generator=generator)
 
     def __iter__(self) -> Iterator[list[int]]:
+        # Not a generator itself: the pass's first step is read (and reset) when the pass
+        # is made, as a DataLoader does at its start, not at its first batch.
         perm = self.permutation()
         first, self.first_step = self.first_step, 0
-        for start, _, shares in self._schedule[first:]:
-            offset = start + sum(shares[: self.rank])
-            yield perm[offset : offset + shares[self.rank]].tolist()
+        return self._pass(perm, self._schedule[first:])
+
+    def _pass(
+        self, perm: torch.Tensor, schedule: list[tuple[int, int, tuple[int, ...]]]
+    ) -> Iterator[list[int]]:
+        for start, _, shares in schedule:
+            size = shares[self.rank]
+            if size or not self.skip_empty:
+                offset = start + sum(shares[: self.rank])
+                yield perm[offset : offset + size].tolist()
 
     def __len__(self) -> int:
         return len(self._schedule)

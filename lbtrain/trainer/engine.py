@@ -315,16 +315,18 @@ class Engine:
         parallel, loader, mark = self.parallel, self.loader, self.timer.mark
         assert parallel is not None
         weight, value, metric = loader.weight, 0.0, 0.0
+        # No sample at this step: a zero share, or a tail shorter than the ranks.
+        empty = not loader.samples
         # Event marks need no synchronisation, unless an emulated sleep must follow the
         # device's compute.
         sync = self._sync_device if slowdown.active or not self.timer.deferred else None
         start = mark()
         parallel.zero_grad()
-        # A zero share computes nothing and adds zeros in the sync, unless the model holds
-        # collectives (synchronised BatchNorm): then its empty batch joins them.
-        if not loader.empty or parallel.collective_forward:
+        # An empty batch computes nothing and adds zeros in the sync, unless the model holds
+        # collectives (synchronised BatchNorm): then it joins them.
+        if not empty or parallel.collective_forward:
             outputs, loss, targets = self._backward(inputs, targets, slowdown, sync)
-            if not loader.empty:  # a mean over no samples is NaN, and no divergence
+            if not empty:  # a mean over no samples is NaN, and no divergence
                 value = float(loss.detach())
                 if self.step_metric is not None:
                     metric = self.step_metric(outputs.detach(), targets)
@@ -344,7 +346,7 @@ class Engine:
             self.optimizer.step()
             self.scheduler.step()
         marks = (start, computed, waited, synced, mark())
-        samples = 0 if loader.empty else len(targets)
+        samples = 0 if empty else len(targets)
         times = self.timer.times(marks, samples, self.state.epoch)
         inner = self._waits.take()
         return control, with_inner_wait(times, inner) if inner else times

@@ -185,7 +185,7 @@ def check_trainable(
         raise ValueError("the evaluation set is empty; the workload's split left no test data")
     if checkpoint is not None:
         _check_resumable(config, checkpoint)
-        _check_mid_epoch_step(config, checkpoint, samples, world_size)
+        _check_mid_epoch_step(config, checkpoint, samples)
         # A key an older checkpoint lacks stands for the value it trained with.
         defaults = dict(workload.signature_defaults)
         theirs = {**defaults, **checkpoint.get("signature", {})}
@@ -247,23 +247,17 @@ def _check_resumable(config: TrainConfig, checkpoint: dict[str, Any]) -> None:
         )
 
 
-def _check_mid_epoch_step(
-    config: TrainConfig, checkpoint: dict[str, Any], samples: int, world_size: int
-) -> None:
-    """A mid-epoch checkpoint at the last step of an epoch that has one step more on its own
-    world size than on this one (a tail of fewer samples than ranks joins the step before):
-    resuming would end the epoch at once and skip the tail's samples."""
+def _check_mid_epoch_step(config: TrainConfig, checkpoint: dict[str, Any], samples: int) -> None:
+    """A mid-epoch checkpoint past the epoch's steps: one from before lbtrain took the same
+    steps on every world, at a one-sample tail that now joins the step before (done)."""
     step = int(checkpoint["step"])
-    steps = steps_per_epoch(samples, config.global_batch, world_size)
+    steps = steps_per_epoch(samples, config.global_batch)
     if step and step >= steps:
-        tail = samples - step * config.global_batch
-        there = f"at most {plural(tail, 'rank')}"  # a tail of one sample per rank is a step
         raise ValueError(
-            f"resume {checkpoint['path']!r} stopped before the last step of epoch "
-            f"{int(checkpoint['epoch']) + 1}, a tail of {plural(tail, 'sample')}; on "
-            f"{plural(world_size, 'rank')} that tail joins the step before, which is done, so "
-            f"it would be skipped; resume on {there}, "
-            "or from a checkpoint taken at the end of an epoch (--checkpoint-every 1 writes them)"
+            f"resume {checkpoint['path']!r} stopped after {plural(step, 'step')} of epoch "
+            f"{int(checkpoint['epoch']) + 1}, which now has only {steps} (a one-sample tail "
+            "joins the step before it); resume from a checkpoint taken at the "
+            "end of an epoch (--checkpoint-every 1 writes them)"
         )
 
 
@@ -311,7 +305,7 @@ def follow_schedule(engine: Engine, total_steps: int, position: int | None = Non
     scheduler = engine.scheduler
     if position is not None:
         # Counted in the checkpoint's steps, the decay would land mid-epoch and the schedule
-        # end early or run past its end (another batch, or another world's merged tail).
+        # end early or run past its end (another batch).
         scheduler.last_epoch = position
     step = scheduler.last_epoch
     groups = engine.optimizer.param_groups

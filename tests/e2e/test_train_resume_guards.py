@@ -238,28 +238,36 @@ def _train_loud(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_a_mid_epoch_step_this_world_size_does_not_have_is_refused(tmp_path, capsys):
-    """200 samples in global batches of 199: one rank takes a second step of the last sample,
-    two ranks merge it into the first. A checkpoint taken after the first step on one rank,
-    resumed on two, once ended the epoch at once and skipped that sample with exit 0."""
-    out = tmp_path / "run"
-    code, _, err = _train(capsys, "--global-batch", "199", "--epochs", "2", "--out", str(out))
-    assert code == 0, err
-    path = list_checkpoints(out / "checkpoints")[-1]
-    checkpoint = load_checkpoint(path)
-    checkpoint.update(epoch=1, step=1)  # one step into epoch 2, its tail step to come
-    torch.save(checkpoint, path)
-    args = [*BASE, "--global-batch", "199", "--epochs", "2", "--resume", str(out)]
-    results = run_ranks(2, lambda comm: main(args, comm=comm), timeout=60)
-    assert [r.value for r in results] == [2, 2], [r.error for r in results]
-    _one_error(
-        2, capsys.readouterr().err, "before the last step of epoch 2", "a tail of 1 sample",
-        "on 2 ranks", "resume on at most 1 rank",
-    )  # fmt: skip
-    # On its own world size the tail step trains, and the run ends its second epoch.
-    code, _, err = _train(capsys, "--global-batch", "199", "--epochs", "2", "--resume", str(out))
-    assert code == 0, err
-    assert load_checkpoint(list_checkpoints(out / "checkpoints")[-1])["epoch"] == 2
+def test_a_mid_epoch_checkpoint_resumes_on_another_world_and_one_past_the_epoch_is_refused(
+    tmp_path, capsys
+):
+    """200 samples in global batches of 198 leave a tail of 2, a step of its own on every
+    world: a checkpoint after the first step of epoch 2, saved on one rank, resumes on two
+    (one of which gets no sample at the tail) and ends the epoch. Batches of 199 leave one
+    sample, which joins the step before on every world: a checkpoint after a first step
+    there (as an older lbtrain saved one rank's tail step) is refused with one line."""
+    for batch, steps in ((198, 2), (199, 1)):
+        out = tmp_path / f"run-{batch}"
+        code, _, err = _train(capsys, "--global-batch", str(batch), "--epochs", "2", "--out",
+                              str(out))  # fmt: skip
+        assert code == 0, err
+        path = list_checkpoints(out / "checkpoints")[-1]
+        checkpoint = load_checkpoint(path)
+        assert checkpoint["global_step"] == 2 * steps
+        checkpoint.update(epoch=1, step=1, global_step=steps + 1)  # one step into epoch 2
+        torch.save(checkpoint, path)
+        args = [*BASE, "--global-batch", str(batch), "--epochs", "2", "--resume", str(out)]
+        results = run_ranks(2, lambda comm, args=args: main(args, comm=comm), timeout=60)
+        if steps == 2:
+            assert [r.value for r in results] == [0, 0], [r.error for r in results]
+            final = load_checkpoint(list_checkpoints(out / "checkpoints")[-1])
+            assert (final["epoch"], final["global_step"]) == (2, 4)
+            continue
+        assert [r.value for r in results] == [2, 2], [r.error for r in results]
+        _one_error(
+            2, capsys.readouterr().err, "stopped after 1 step of epoch 2, which now has only 1",
+            "resume from a checkpoint taken at the end of an epoch",
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("schedule", ["step", "cosine"])

@@ -44,15 +44,19 @@ def test_shares_are_disjoint_cover_the_data_and_step_counts_agree(case, epoch, s
     assert {len(s) for s in samplers} == steps
     seen = [i for batches in per_rank for batch in batches for i in batch]
     assert sorted(seen) == list(range(num_samples)), "each sample exactly once per epoch"
+    # The global batches are one process's, whatever the world and the plan.
+    alone = BalancedBatchSampler(num_samples, plan_batches([1.0], plan.global_batch_size), 0)
+    assert [b[:2] for b in samplers[0].schedule] == [b[:2] for b in alone.schedule]
+    active = len(plan.active_ranks)
     for step in range(steps.pop()):
+        step_total = sum(len(batches[step]) for batches in per_rank)
         for rank, batches in enumerate(per_rank):
-            if plan.batch_sizes[rank]:
-                assert len(batches[step]) >= 1, "a rank with a share never gets an empty batch"
-            else:
+            if not plan.batch_sizes[rank]:
                 assert batches[step] == [], "a zero share is empty at every step"
+            elif step_total >= active:
+                assert len(batches[step]) >= 1, "a rank with a share gets a sample if it can"
         weights = [s.step_weights[step] for s in samplers]
         assert sum(weights) == pytest.approx(1.0)
-        step_total = sum(len(batches[step]) for batches in per_rank)
         for rank, batches in enumerate(per_rank):
             assert weights[rank] == pytest.approx(len(batches[step]) / step_total)
 
@@ -91,11 +95,36 @@ def test_short_tail_is_split_by_the_plan_proportions():
     assert [s.step_batch_sizes for s in samplers] == [(2, 1), (6, 3)]
 
 
-def test_tail_smaller_than_world_joins_the_previous_batch():
-    plan = plan_batches([1.0, 1.0, 1.0], 9)
-    samplers = all_ranks(20, plan, shuffle=False)  # 9 + 9 + 2: the 2 cannot feed 3 ranks
-    assert len(samplers[0]) == 2
-    assert sum(s.step_batch_sizes[1] for s in samplers) == 11
+def test_a_tail_shorter_than_the_world_is_a_step_and_a_one_sample_tail_joins_the_one_before():
+    plan = plan_batches([1.0, 2.0, 3.0], 12)  # (2, 4, 6)
+    # 12 + 12 + 2: the tail is a step of its own, as in one process; the largest shares take
+    # its samples and rank 0 gets none there.
+    samplers = all_ranks(26, plan, shuffle=False)
+    assert [s.step_batch_sizes for s in samplers] == [(2, 2, 0), (4, 4, 1), (6, 6, 1)]
+    assert samplers[0].step_weights[2] == 0.0
+    # 12 + 12 + 1: the lone sample joins the step before, on every world.
+    for ranks in (plan, plan_batches([1.0], 12)):
+        assert [b[:2] for b in all_ranks(25, ranks)[0].schedule] == [(0, 12), (12, 25)]
+
+
+def test_the_loader_hands_a_rank_an_empty_batch_at_a_tail_it_has_no_sample_of():
+    plan = plan_batches([1.0, 2.0, 3.0], 12)
+    dataset = TensorDataset(torch.arange(26, dtype=torch.float32).unsqueeze(1), torch.zeros(26))
+    loaders = [balanced_loader(plan, dataset, rank=r, seed=1) for r in range(3)]
+    assert not loaders[0].empty
+    seen = []
+    for rank, loader in enumerate(loaders):
+        for step, (x, _) in enumerate(loader):
+            assert x.shape == (loader.samples, 1) and loader.step == step
+            assert loader.weight == loader.samples / loader.global_samples
+            seen += x.flatten().tolist()
+        assert loader.samples == (0 if rank == 0 else 1) and loader.global_samples == 2
+    assert sorted(seen) == list(range(26))
+    # A pass begun at that tail step (a resume) yields its empty batch, and the next pass
+    # starts from the epoch's first step again.
+    loaders[0].start_at(2)
+    assert [x.shape[0] for x, _ in loaders[0]] == [0]
+    assert [x.shape[0] for x, _ in loaders[0]] == [2, 2, 0]
 
 
 def test_epochs_differ_and_are_reproducible():

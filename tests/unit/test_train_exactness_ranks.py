@@ -119,3 +119,21 @@ def test_ssftt_with_batchnorm_matches_one_process_and_per_rank_statistics_do_not
     assert max_difference(models["sync"], alone) < 1e-5
     assert max_difference(models["sync2"], alone) < 1e-5
     assert max_difference(models["own"], alone) > 1e-3
+
+
+def test_a_tail_with_fewer_samples_than_ranks_is_one_process_step(tmp_path):
+    """Batches of 23 leave the 163 training pixels a tail of 2, a step of its own as in one
+    process: ranks with shares 4/7/12 cut it 0/1/1, and rank 0 adds zeros there. (Once the
+    tail joined the step before on 3 ranks and not on one: 7 steps an epoch against 8.)"""
+    from lbtrain import SingleProcessCommunicator
+    from lbtrain.cli.entry import main
+
+    args = [*COMMON, "--global-batch", "23"]
+    assert main([*args, "--out", str(tmp_path / "one")], comm=SingleProcessCommunicator()) == 0
+    alone, _ = trained(tmp_path / "one")
+    plan = _plan_file(tmp_path / "plan.json", [4, 7, 12])
+    job = lbtrain_ranks(3, *args, "--plan", plan, "--replan", "off", "--out", str(tmp_path / "r"))
+    assert job.codes == [0, 0, 0], job.output()
+    model, sizes = trained(tmp_path / "r")
+    assert sizes == [4, 7, 12]
+    assert max_difference(model, alone) < 1e-5
