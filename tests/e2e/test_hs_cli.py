@@ -172,8 +172,10 @@ def test_short_run_on_real_indian_pines(tmp_path):
         "--batch-size=64",
         "--lr",
         "0.003",
+        # One thread: beside the suite's other worker, two spinning OpenMP threads on two
+        # cores took 58 s here against 7.5 s for one.
         "--threads",
-        "2",
+        "1",
         "--no-download",
         "--time-budget",
         "1",
