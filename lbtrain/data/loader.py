@@ -89,10 +89,15 @@ class BalancedLoader(DataLoader):
         # handed out, not the sampler's position. The sampler leaves out the steps where
         # this rank has no sample (a tail shorter than the ranks): an empty batch there.
         fetched = super().__iter__()
-        for step, (start, stop, shares) in enumerate(schedule, start=first):
-            batch = next(fetched) if shares[rank] else self.empty_batch()
-            self._at(epoch, step, shares[rank], stop - start)
-            yield batch
+        try:
+            for step, (start, stop, shares) in enumerate(schedule, start=first):
+                batch = next(fetched) if shares[rank] else self.empty_batch()
+                self._at(epoch, step, shares[rank], stop - start)
+                yield batch
+        finally:
+            # The sampler resets its first step when its pass starts; a pass that fetched
+            # nothing (begun at a tail this rank has no sample of) never starts it.
+            self.batch_sampler.first_step = 0
 
     def _at(self, epoch: int, step: int, samples: int, global_samples: int) -> None:
         """The step whose batch is handed out next."""

@@ -230,16 +230,11 @@ class BalancedBatchSampler(Sampler[list[int]]):
         return torch.randperm(self.num_samples, generator=generator)
 
     def __iter__(self) -> Iterator[list[int]]:
-        # Not a generator itself: the pass's first step is read (and reset) when the pass
-        # is made, as a DataLoader does at its start, not at its first batch.
+        # A generator: the pass's first step is read (and reset) at its first batch. A
+        # DataLoader with workers makes two iterators and starts only the second.
         perm = self.permutation()
         first, self.first_step = self.first_step, 0
-        return self._pass(perm, self._schedule[first:])
-
-    def _pass(
-        self, perm: torch.Tensor, schedule: list[tuple[int, int, tuple[int, ...]]]
-    ) -> Iterator[list[int]]:
-        for start, _, shares in schedule:
+        for start, _, shares in self._schedule[first:]:
             size = shares[self.rank]
             if size or not self.skip_empty:
                 offset = start + sum(shares[: self.rank])

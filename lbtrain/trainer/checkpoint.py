@@ -258,7 +258,10 @@ def restore(checkpoint: dict[str, Any], engine: Engine) -> None:
             torch.cuda.set_rng_state(mine["rng"]["cuda"], engine.device)
         state.totals = Totals.from_state(mine["totals"])
         if mine.get("record") is not None:
-            state.record = EpochRecord(**mine["record"])
+            record = dict(mine["record"])
+            # Saved before busy steps were counted: every step of this world had samples.
+            record.setdefault("own_steps", record["steps"] - record.get("carried_steps", 0))
+            state.record = EpochRecord(**record)
     elif ranks:  # another world: the job's figures go on, each rank's time split starts here
         state.totals = Totals.from_state(ranks[0]["totals"]).job_wide()
         if ranks[0].get("record") is not None:

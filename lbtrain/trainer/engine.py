@@ -385,6 +385,7 @@ class Engine:
         record.steps += 1
         record.samples += batch
         record.own_samples += samples
+        record.own_steps += 1 if samples else 0
         record.loss_sum += control.loss * batch
         if record.metric_sum is not None:
             record.metric_sum += control.metric

@@ -29,6 +29,9 @@ class EpochRecord:
     wait: float = 0.0
     comm: float = 0.0
     own_samples: int = 0
+    # Steps where this rank had samples (a tail shorter than the ranks leaves some out), on
+    # this world.
+    own_steps: int = 0
     predicted_compute: float = 0.0
     predicted_seconds: float = 0.0
     slowdown: float = 1.0
@@ -89,6 +92,7 @@ class EpochRecord:
             "seconds": self.seconds - self.carried_seconds,
             "samples": float(self.own_samples),
             "steps": float(self.steps - self.carried_steps),
+            "busy_steps": float(self.own_steps),
             "slowdown": self.slowdown,
             "seconds_per_sample": self.compute / self.own_samples if self.own_samples else 0.0,
         }
@@ -136,6 +140,7 @@ class EpochRecord:
             wait=0.0,
             comm=0.0,
             own_samples=0,
+            own_steps=0,
             predicted_compute=0.0,
             slowdown=slowdown,
             batch_sizes=batch_sizes,

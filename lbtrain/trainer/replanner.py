@@ -90,8 +90,13 @@ def predicted_steps(plan: BalancePlan, shares: Sequence[int], rank: int) -> tupl
 
 
 def _per_step(entry: Mapping[str, float]) -> tuple[float, float] | None:
-    """(mean batch, mean compute seconds) per step of one rank's epoch, or None."""
-    steps, samples, compute = (entry.get(k, 0.0) for k in ("steps", "samples", "compute"))
+    """(mean batch, mean compute seconds) per step of one rank's epoch, or None.
+
+    Over the steps it had samples in: a step without any (a tail shorter than the ranks)
+    costs no fixed time, and counted, it would pull the fitted fixed cost down.
+    """
+    steps = _busy(entry)
+    samples, compute = entry.get("samples", 0.0), entry.get("compute", 0.0)
     if not (steps > 0 and samples > 0 and compute > 0):
         return None
     return samples / steps, compute / steps
@@ -267,13 +272,22 @@ def _versus_others(measured: Sequence[Mapping[str, float]]) -> list[float | None
     return relative
 
 
+def _busy(entry: Mapping[str, float]) -> float:
+    """The steps a rank had samples in (all of them, in figures saved before they were
+    counted)."""
+    return entry.get("busy_steps", entry.get("steps", 0.0))
+
+
 def _pooled(epochs: Sequence[Sequence[Mapping[str, float]]]) -> list[dict[str, float]]:
     """Per rank, the sums of several epochs' measurements (as one long epoch)."""
     keys = ("compute", "predicted", "samples", "steps", "comm")
-    return [
+    pooled = [
         {k: sum(epoch[rank].get(k, 0.0) for epoch in epochs) for k in keys}
         for rank in range(len(epochs[-1]))
     ]
+    for rank, entry in enumerate(pooled):
+        entry["busy_steps"] = sum(_busy(epoch[rank]) for epoch in epochs)
+    return pooled
 
 
 def _shown(values: Sequence[float | None]) -> str:

@@ -108,6 +108,32 @@ def test_two_epochs_at_different_batches_replace_a_misfitted_profile():
     assert clamped[1].step_time(40) == pytest.approx(true.step_time(40))
 
 
+def test_a_step_without_samples_leaves_the_fitted_fixed_cost_alone():
+    """A tail with fewer samples than ranks gives a rank an empty step: it costs no fixed
+    time, so the two-point line is fitted over the steps the rank had samples in."""
+    true = ReplicaSpeed(100.0, alpha=0.01, beta=0.002)
+    plan = BalancePlan("cost", 60, (30, 30), (SPEEDS[0], true))
+
+    def epoch(b: int) -> list[dict[str, float]]:
+        # 16 steps of b samples and one empty one (the job's tail went to the other rank).
+        rows = measured(plan, [1.0, 1.0])
+        rows[1].update(compute=16 * true.step_time(b), samples=16.0 * b, steps=17.0,
+                       busy_steps=16.0, predicted=16 * true.step_time(b))  # fmt: skip
+        rows[0].update(steps=17.0, busy_steps=17.0)
+        return rows
+
+    fitted, _ = rescaled_replicas(plan, epoch(40), previous=epoch(10))
+    assert fitted[1].alpha == pytest.approx(true.alpha)
+    assert fitted[1].beta == pytest.approx(true.beta)
+    # Figures saved before busy steps were counted read every step as busy.
+    old = [epoch(b) for b in (40, 10)]
+    for rows in old:
+        for row in rows:
+            row["busy_steps"] = row["steps"]
+    skewed, _ = rescaled_replicas(plan, old[0], previous=old[1])
+    assert skewed[1].alpha == pytest.approx(true.alpha * 16 / 17)
+
+
 def test_slowdown_changes_parse_and_apply_from_their_epoch():
     changes = parse_slowdown_changes("3:4,1; 5:2", 2)
     assert changes == ((2, (4.0, 1.0)), (4, (2.0, 2.0)))

@@ -10,7 +10,7 @@ from torch.utils.data import TensorDataset
 
 from lbtrain import balanced_loader, plan_batches
 from lbtrain.balancer import ReplicaSpeed
-from lbtrain.data import BalancedBatchSampler
+from lbtrain.data import BalancedBatchSampler, BalancedLoader
 
 
 def all_ranks(num_samples, plan, **kwargs):
@@ -125,6 +125,28 @@ def test_the_loader_hands_a_rank_an_empty_batch_at_a_tail_it_has_no_sample_of():
     loaders[0].start_at(2)
     assert [x.shape[0] for x, _ in loaders[0]] == [0]
     assert [x.shape[0] for x, _ in loaders[0]] == [2, 2, 0]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_pass_begun_mid_epoch_fetches_the_same_batches_with_workers(persistent):
+    """A DataLoader with workers makes its sampler's iterator twice and starts only the
+    second: a resumed pass (start_at) must still begin at its step, on every rank, also at
+    a tail step where the rank has no sample, and the pass after it at step 0."""
+    plan = plan_batches([1.0, 2.0, 3.0], 12)
+    dataset = TensorDataset(torch.arange(26, dtype=torch.float32).unsqueeze(1))
+
+    def passes(rank: int, workers: int, start: int) -> list[list[list[float]]]:
+        sampler = BalancedBatchSampler(len(dataset), plan, rank, seed=1)
+        loader = BalancedLoader(dataset, sampler, num_workers=workers,
+                                persistent_workers=persistent and workers > 0)  # fmt: skip
+        loader.start_at(start)
+        return [[x.flatten().tolist() for (x,) in loader] for _ in range(2)]
+
+    for rank in range(3):
+        for start in (1, 2):
+            assert passes(rank, 2, start) == passes(rank, 0, start), (rank, start)
+    resumed, after = passes(0, 2, 2)
+    assert resumed == [[]] and [len(batch) for batch in after] == [2, 2, 0]
 
 
 def test_epochs_differ_and_are_reproducible():
