@@ -78,8 +78,10 @@ class BalancedLoader(DataLoader):
         first = self.batch_sampler.first_step  # read before the sampler's pass resets it
         schedule = self.batch_sampler.schedule[first:]
         rank, epoch = self.batch_sampler.rank, self.batch_sampler.epoch
-        if self.empty:
-            # No indices to fetch, and no worker processes to start for nothing.
+        if not any(shares[rank] for _, _, shares in schedule):
+            # No indices to fetch (a zero share, or a pass begun at a tail this rank has no
+            # sample of), and no worker processes to start for nothing. The sampler, never
+            # iterated, would not reset its first step: reset it here, as the pass begins.
             self.batch_sampler.first_step = 0
             for step, (start, stop, _) in enumerate(schedule, start=first):
                 self._at(epoch, step, 0, stop - start)
@@ -89,15 +91,10 @@ class BalancedLoader(DataLoader):
         # handed out, not the sampler's position. The sampler leaves out the steps where
         # this rank has no sample (a tail shorter than the ranks): an empty batch there.
         fetched = super().__iter__()
-        try:
-            for step, (start, stop, shares) in enumerate(schedule, start=first):
-                batch = next(fetched) if shares[rank] else self.empty_batch()
-                self._at(epoch, step, shares[rank], stop - start)
-                yield batch
-        finally:
-            # The sampler resets its first step when its pass starts; a pass that fetched
-            # nothing (begun at a tail this rank has no sample of) never starts it.
-            self.batch_sampler.first_step = 0
+        for step, (start, stop, shares) in enumerate(schedule, start=first):
+            batch = next(fetched) if shares[rank] else self.empty_batch()
+            self._at(epoch, step, shares[rank], stop - start)
+            yield batch
 
     def _at(self, epoch: int, step: int, samples: int, global_samples: int) -> None:
         """The step whose batch is handed out next."""

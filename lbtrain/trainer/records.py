@@ -118,6 +118,8 @@ class EpochRecord:
                 {
                     "rank": rank,
                     **{k: r[k] for k in ("samples", "compute", "wait", "comm", "seconds")},
+                    # The steps it had samples in (fewer where a tail left it none).
+                    "busy_steps": r.get("busy_steps", self.steps),
                 }
                 for rank, r in enumerate(self.ranks)
             ],

@@ -93,7 +93,8 @@ def _per_step(entry: Mapping[str, float]) -> tuple[float, float] | None:
     """(mean batch, mean compute seconds) per step of one rank's epoch, or None.
 
     Over the steps it had samples in: a step without any (a tail shorter than the ranks)
-    costs no fixed time, and counted, it would pull the fitted fixed cost down.
+    costs next to nothing (with synchronised BatchNorm, a forward and backward of no
+    samples), and counted, it would pull the fitted fixed cost down.
     """
     steps = _busy(entry)
     samples, compute = entry.get("samples", 0.0), entry.get("compute", 0.0)

@@ -8,9 +8,10 @@ Record types (the ``type`` key); times are Unix seconds, epochs are 1-based:
   one start record per attempt).
 - ``epoch``: ``epoch, time, steps, samples, loss, accuracy`` (null for a workload without
   one), ``lr, seconds, step_seconds, predicted_step_seconds, idle_fraction, batch_sizes,
-  ranks`` (a list of ``{rank, samples, compute, wait, comm, seconds}``) and ``replan`` (null,
-  or ``{old_batch_sizes, new_batch_sizes, old_step_seconds, new_step_seconds, reason}``: the
-  plan switched after this epoch, so the new sizes apply from the next one).
+  ranks`` (a list of ``{rank, samples, compute, wait, comm, seconds, busy_steps}``) and
+  ``replan`` (null, or ``{old_batch_sizes, new_batch_sizes, old_step_seconds,
+  new_step_seconds, reason}``: the plan switched after this epoch, so the new sizes apply
+  from the next one).
 - ``eval``: ``epoch, time, metrics`` (any names; values in [0, 1] are fractions).
 - ``stop``: ``epoch, step, reason, code``; ``end``: ``time, wall_seconds``.
 

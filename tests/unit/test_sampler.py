@@ -149,6 +149,23 @@ def test_a_pass_begun_mid_epoch_fetches_the_same_batches_with_workers(persistent
     assert resumed == [[]] and [len(batch) for batch in after] == [2, 2, 0]
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_pass_left_unfinished_leaves_a_later_start_at_in_force(workers):
+    """An iterator kept, left after one batch and closed after `start_at` (a resume, as
+    `TrainState.restore` does): the next pass begins where start_at said, on a rank with
+    samples there and on one without."""
+    plan = plan_batches([1.0, 2.0, 3.0], 12)
+    dataset = TensorDataset(torch.arange(26, dtype=torch.float32).unsqueeze(1))
+    for rank, start in ((0, 2), (0, 1), (2, 2)):
+        loader = balanced_loader(plan, dataset, rank=rank, seed=1, num_workers=workers)
+        held = iter(loader)
+        next(held)
+        loader.start_at(start)
+        held.close()  # or collected: the abandoned pass ends before the next one begins
+        steps = [loader.step for _ in loader]
+        assert steps == list(range(start, 3)), (rank, start, steps)
+
+
 def test_epochs_differ_and_are_reproducible():
     plan = plan_batches([1.0, 1.0], 4)
     sampler = BalancedBatchSampler(40, plan, 0, seed=1)

@@ -8,6 +8,8 @@ runs under `mpiexec -n 3` are in tests/mpi/test_train_exactness.py.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.fixtures.exact_runs import (
@@ -137,3 +139,7 @@ def test_a_tail_with_fewer_samples_than_ranks_is_one_process_step(tmp_path):
     model, sizes = trained(tmp_path / "r")
     assert sizes == [4, 7, 12]
     assert max_difference(model, alone) < 1e-5
+    # Rank 0 computed 7 of each epoch's 8 steps: what the re-planner's per-step line reads.
+    epochs = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").open()]
+    for epoch in (e for e in epochs if e["type"] == "epoch"):
+        assert epoch["steps"] == 8 and [r["busy_steps"] for r in epoch["ranks"]] == [7, 8, 8]
