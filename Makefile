@@ -26,18 +26,14 @@ lint: $(STAMP)
 # to the end. JOBS=0 runs in this process, one test at a time (for pdb or -x).
 JOBS ?= auto
 XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist worksteal)
-# Bytecode is cached even where the environment says PYTHONDONTWRITEBYTECODE (this machine
-# does): without it every launched rank compiles lbtrain from source (0.3 s of its 2-s
-# start) and each pytest worker rewrites every test module again. __pycache__ is ignored.
-PYTEST = env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 test: lint
-	@$(PYTEST) -q $(XDIST); rc=$$?; \
+	@$(PY) -m pytest -q $(XDIST); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
 # The in-process tiers only (no mpiexec, no programs started): the edit-test loop.
 test-fast: lint
-	@$(PYTEST) -q $(XDIST) -m "not slow"; rc=$$?; \
+	@$(PY) -m pytest -q $(XDIST) -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
