@@ -117,9 +117,11 @@ class EpochRecord:
             "ranks": [
                 {
                     "rank": rank,
-                    **{k: r[k] for k in ("samples", "compute", "wait", "comm", "seconds")},
-                    # The steps it had samples in (fewer where a tail left it none).
-                    "busy_steps": r.get("busy_steps", self.steps),
+                    # busy_steps: the steps it had samples in (fewer where a tail left it none).
+                    **{
+                        k: r[k]
+                        for k in ("samples", "compute", "wait", "comm", "seconds", "busy_steps")
+                    },
                 }
                 for rank, r in enumerate(self.ranks)
             ],
