@@ -68,7 +68,6 @@ def train(
             be checked then; TrainingDiverged when the loss runs away or stops being finite.
         Interrupted, KeyboardInterrupt: a signal outside the training steps.
     """
-    _import_what_torch_imports_late()
     stop = StopSignal(announce=comm.rank == 0)
     with stop.installed(), as_before():
         try:
@@ -84,17 +83,6 @@ def train(
             if state.stop_code:
                 return _stopped(setup, run)
             return _finish(setup, run, outputs)
-
-
-def _import_what_torch_imports_late() -> None:
-    """Import torch._dynamo now, before the run's clock starts.
-
-    torch.optim imports it at an optimizer's first use (only to mark some methods as not to
-    be compiled). That is 2.3 s of start-up on the development machine, and it fell inside
-    profiling, where the first optimizer is built: summary.json's profile_seconds counted
-    an import as profiling. Imported here, it is start-up, as torch's own import is.
-    """
-    import torch._dynamo  # noqa: F401
 
 
 def _stopped(setup: Setup, run: Run) -> TrainResult:

@@ -7,8 +7,6 @@ import os
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.mpi.launch import lbtrain_command, mpiexec_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,35 +19,6 @@ def _run(command: list[str], timeout: float = 120) -> subprocess.CompletedProces
     return subprocess.run(
         command, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
     )
-
-
-def test_balance_report_from_a_profiles_file():
-    result = _run(
-        [
-            *lbtrain_command(),
-            "balance-report",
-            "--profiles",
-            str(FIXTURE),
-            "--global-batch",
-            "300",
-            "--format",
-            "json",
-        ]
-    )
-    assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
-    # T* = (B + sum alpha/beta) / sum(1/beta), in ms: every rank's share is positive.
-    t_star = (300 + 10 / 0.9 + 30 / 1.7 + 40 / 3.6) / (1 / 0.9 + 1 / 1.7 + 1 / 3.6) * 1e-3
-    assert data["ideal"]["step"] == pytest.approx(t_star)
-    assert data["notes"] == [] and "throughput_ratio" not in data
-    cost = data["policies"]["cost"]
-    assert [r["batch_size"] for r in cost["ranks"]] == [180, 84, 36]
-    assert cost["predicted_step_time"] == pytest.approx(0.1728)
-    assert cost["efficiency"] == pytest.approx(t_star / 0.1728)
-    table = _run([*lbtrain_command(), "balance-report", "--profiles", str(FIXTURE)])
-    assert table.returncode == 0, table.stderr
-    assert "policy cost" in table.stdout and "speedup vs equal" in table.stdout
-    assert "ratio" not in table.stdout
 
 
 def test_env_prints_versions_and_world():

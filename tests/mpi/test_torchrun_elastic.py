@@ -28,6 +28,7 @@ import os
 import socket
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -61,13 +62,17 @@ class Agents:
             self.port = probe.getsockname()[1]
         self.processes: dict[str, subprocess.Popen] = {}
 
-    def start(self, name: str) -> None:
+    def start(self, name: str, host: bool = False) -> None:
+        """Start agent `name`. The `host` agent hosts the rendezvous store; the others wait
+        for it to listen, so all can start at once, and they join within the first round's
+        last call: the round closes 2 s after the first agent joins."""
         launcher = torchrun_command(1)[:-3]  # without --nproc-per-node 1 --standalone
         command = [
             *launcher, "--nnodes", f"1:{self.nodes}", "--nproc-per-node", "1",
             "--max-restarts", "2", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "elastic",
-            "--rdzv-conf", RDZV_CONF, "--monitor-interval", "0.5", *self.program,
+            "--rdzv-conf", f"{RDZV_CONF},is_host={int(host)}", "--monitor-interval", "0.2",
+            *self.program,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # fmt: skip
@@ -76,17 +81,6 @@ class Agents:
             command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.folder,
             start_new_session=True,
         )  # fmt: skip
-
-    def start_store_host(self, name: str, timeout: float = 60) -> None:
-        """Start `name` and wait until its rendezvous store listens: it hosts the store."""
-        self.start(name)
-        deadline = time.monotonic() + timeout
-        while True:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            assert time.monotonic() < deadline, f"no store on {self.port}\n{self.output()}"
-            time.sleep(0.05)
 
     def wait_for(self, pattern: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -140,19 +134,24 @@ def test_a_crashed_worker_then_a_lost_node_cost_steps_never_the_run(tmp_path):
     args = [*TRAIN, "--out", str(run), "--fault", "raise-once", "--fault-rank", "1",
             "--fault-step", "7", "--step-sleep", "0.2", "--pid-dir", str(markers)]  # fmt: skip
     agents = Agents(tmp_path, ["-m", "lbtrain", *args])
-    try:
-        agents.start_store_host("A")
-        agents.start("B")
-        agents.start("C")
-        agents.wait_for("markers/attempt-1.rank-*")
-        killed, killed_at = time.monotonic(), time.time()
-        agents.kill("B")
-        codes = agents.finish()
-    finally:
-        for process in agents.processes.values():
-            kill_job(process.pid)
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            agents.start("A", host=True)
+            agents.start("B")
+            agents.start("C")
+            agents.wait_for("markers/rank-*.pid")  # the first world has formed
+            # The run that is never stopped, on in-process ranks, while the agents restart.
+            whole = pool.submit(_uninterrupted, tmp_path / "whole")
+            agents.wait_for("markers/attempt-1.rank-*")
+            killed, killed_at = time.monotonic(), time.time()
+            agents.kill("B")
+            codes = agents.finish()
+            took = time.monotonic() - killed
+        finally:
+            for process in agents.processes.values():
+                kill_job(process.pid)
+        theirs = whole.result()
     assert codes == {"A": 0, "C": 0}, agents.output()
-    took = time.monotonic() - killed
     logs = agents.output()
     assert "InjectedFault: injected fault on rank 1 at step 7" in logs, logs
     assert "exitcode: 75" in logs and "world 3 -> 2 ranks at global step 10" in logs, logs
@@ -164,7 +163,7 @@ def test_a_crashed_worker_then_a_lost_node_cost_steps_never_the_run(tmp_path):
             and r["resumed_at"]] == [1, 2]  # fmt: skip
     (change,) = [r for r in records if r["type"] == "world"]
     assert len(change["old_batch_sizes"]) == 3 and len(change["batch_sizes"]) == 2, change
-    ours, theirs = final_model(run), _uninterrupted(tmp_path / "whole")
+    ours = final_model(run)
     worst = max(float((ours[k] - theirs[k]).abs().max()) for k in ours)
     assert worst <= 1e-5, worst
     # Figures for BENCHMARKS.md (pytest -s shows them): the restart, start to first step.
@@ -182,7 +181,7 @@ def test_a_user_loop_with_a_train_state_continues_on_the_survivor_as_one_process
     run.mkdir()
     agents = Agents(tmp_path, [str(SCRIPTS / "elastic_loop.py"), str(run)], nodes=2)
     try:
-        agents.start_store_host("A")
+        agents.start("A", host=True)
         agents.start("B")
         agents.wait_for("run/first.rank-*")
         agents.kill("B")
