@@ -4,9 +4,10 @@ One job per engine (MPI under mpiexec, torch.distributed's gloo under torchrun) 
 Communicator operation and then the cases that need real processes: unequal shares, a zero
 share, overlap on real nonblocking requests and host staging (the GPU path), each against
 one process, with the naive 1/P average shown to miss; then a user's loop through
-BalancedDataParallel and stock DDP with the weighted hook, the same way, and a model
-mismatch between ranks. The same checks run on in-process ranks, for 2 and 3 ranks and every
-mode, in tests/unit/test_exactness_ranks.py and tests/unit/test_parallel.py.
+BalancedDataParallel and stock DDP with the weighted hook, the same way, loaders the hook
+must refuse on every rank, and a model mismatch between ranks. The same checks run on
+in-process ranks, for 2 and 3 ranks and every mode, in tests/unit/test_exactness_ranks.py
+and tests/unit/test_parallel.py.
 """
 
 from __future__ import annotations
@@ -34,15 +35,37 @@ WRAPPER_CASES = (
 BN_CASES = ("wrapper/bn/5,11,48", "wrapper/bn/20,0,44:resnet", "wrapper/bn/1,20,43",
             "wrapper/bn/20,0,44@ddp")  # fmt: skip
 BN_REFUSALS = ("wrapper/bn/mismatch", "wrapper/bn/skip")
+# Loaders the DDP hook must refuse on every rank, and a seed beyond int64 it must take
+# (scripts/ddp_hook_misuse.py), in the same job: every rank says the same.
+REFUSALS = {
+    "rank": "loader was built for rank 0 on rank 1; pass rank=dist.get_rank()",
+    "size": "loader's plan is for 2 ranks but the process group has 3 (on rank 0)",
+    "plan": "the ranks' loaders disagree on the plan (rank 1's differs from rank 0's)",
+    "length": "the ranks' loaders disagree on the dataset length (16 on rank 0, 32 on",
+    "big-seed": None,
+}
 ENGINES = {"mpiexec": (run_mpi, "MPICommunicator"), "torchrun": (run_torchrun, "TorchDist")}
 
 
 @pytest.mark.parametrize("launcher", ENGINES)
 def test_unequal_shares_match_one_process_and_naive_average_does_not(launcher):
     launch, engine = ENGINES[launcher]
+    misuse = [f"wrapper/ddp-misuse/{case}" for case in REFUSALS]
     result = launch(SCRIPTS / "exactness.py", 3, *CASES, *WRAPPER_CASES, *BN_CASES,
-                    *BN_REFUSALS, "wrapper/mismatch", timeout=240)  # fmt: skip
+                    *BN_REFUSALS, *misuse, "wrapper/mismatch", timeout=240)  # fmt: skip
     output = result.stdout + result.stderr
+    # The DDP hook refuses a wrongly built loader at the first bucket on every rank, a rank
+    # whose own loader is right included, rather than one waiting in an allreduce that
+    # another never joins; a seed beyond int64 trains.
+    for case, refusal in REFUSALS.items():
+        lines = [line for line in result.stdout.splitlines()
+                 if line.startswith(f"ddp misuse {case}: ")]  # fmt: skip
+        assert len(lines) == 1, (case, output)
+        said = lines[0].removeprefix(f"ddp misuse {case}: ").split(" | ")
+        what = "trained" if refusal is None else f"refused: {refusal}"
+        assert [part[: len(f"rank 0: {what}")] for part in said] == [
+            f"rank {rank}: {what}" for rank in range(3)
+        ], (case, output)
     assert f"comm ops ok on 3 ranks ({engine}" in result.stdout, output
     assert result.stdout.count("wrapper exactness ok") == len(WRAPPER_CASES), output
     assert result.stdout.count("batchnorm exactness ok") == len(BN_CASES), output
@@ -71,28 +94,3 @@ def test_an_exception_on_one_rank_aborts_every_rank_with_its_message():
     result = run_mpi(SCRIPTS / "abort_on_error.py", 3, timeout=60)
     assert result.returncode != 0
     assert "boom on rank 1: this message must reach the user" in result.stderr
-
-
-REFUSALS = {
-    "rank": "loader was built for rank 0 on rank 1; pass rank=dist.get_rank()",
-    "size": "loader's plan is for 3 ranks but the process group has 2 (on rank 0)",
-    "plan": "the ranks' loaders disagree on the plan (rank 1's differs from rank 0's)",
-    "length": "the ranks' loaders disagree on the dataset length (16 on rank 0, 32 on",
-}
-
-
-def test_the_ddp_hook_refuses_a_wrongly_built_loader_on_every_rank_and_takes_a_big_seed():
-    """Both ranks refuse at the first bucket, a rank whose own loader is right included,
-    rather than one waiting in an allreduce that the other never joins; a seed beyond
-    int64 trains. The cases share one launch, one after the other."""
-    cases = [*REFUSALS, "big-seed"]
-    result = run_torchrun(SCRIPTS / "ddp_hook_misuse.py", 2, *cases, timeout=120)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output
-    lines = result.stdout.splitlines()
-    for case in cases:
-        said = sorted(line for line in lines if line.startswith(("rank 0: ", "rank 1: "))
-                      and line.split(": ")[1] == case)  # fmt: skip
-        what = f"refused: {REFUSALS[case]}" if case in REFUSALS else "trained"
-        expected = [f"rank {rank}: {case}: {what}" for rank in range(2)]
-        assert [line[: len(expected[0])] for line in said] == expected, (case, output)

@@ -14,7 +14,8 @@ micro-batch), "two-backward" (two losses, each backpropagated through one forwar
 counted units, 1 to 3 per sample, `loss_reduction="count"`) or "ddp-hook" (stock
 DistributedDataParallel with `weighted_allreduce_hook`, over torch.distributed with gloo:
 the job's process group under torchrun, else one made for the check from a file every rank
-sees). `bn/CASE` runs bn_exactness.py's CASE (a model with BatchNorm). A second model with
+sees). `bn/CASE` runs bn_exactness.py's CASE (a model with BatchNorm), `ddp-misuse/CASE`
+ddp_hook_misuse.py's (a loader the DDP hook must refuse). A second model with
 DDP's 1/P average is trained alongside and must visibly miss, which shows the comparison can fail.
 """
 
@@ -223,6 +224,10 @@ def run_case(comm: Communicator, case: str) -> str:
     if case == "mismatch":
         print(f"rank {comm.rank}: {mismatch(comm)}", flush=True)
         raise SystemExit(3)
+    if case.startswith("ddp-misuse/"):
+        from tests.mpi.scripts import ddp_hook_misuse
+
+        return ddp_hook_misuse.run_case(comm, case.removeprefix("ddp-misuse/"))
     if case.startswith("bn/"):
         from tests.mpi.scripts import bn_exactness
 
