@@ -159,41 +159,44 @@ def test_tiny_training_run_on_a_synthetic_scene(tmp_path, capsys):
     assert f"{train_pixels} train / {test_pixels} test pixels" in res.out
 
 
-def test_short_run_on_real_indian_pines(tmp_path):
-    """The real scene end to end: $LBTRAIN_DATA's .mat files when set, tensorly's copy else."""
+def test_short_run_on_real_indian_pines(tmp_path, capsys):
+    """The real scene end to end: $LBTRAIN_DATA's .mat files when set, tensorly's copy else.
+    In-process, as the synthetic run above."""
     out = tmp_path / "ip"
-    res = _run(
-        "train",
-        "--scene=IndianPines",
-        "--model",
-        "hu",
-        "--epochs",
-        "12",
-        "--batch-size=64",
-        "--lr",
-        "0.003",
-        # One thread: beside the suite's other worker, two spinning OpenMP threads on two
-        # cores took 58 s here against 7.5 s for one.
-        "--threads",
-        "1",
-        "--no-download",
-        "--time-budget",
-        "1",
-        "--checkpoint-every",
-        "0",
-        "--out",
-        str(out),
-        timeout=300,
+    status = main(
+        [
+            "train",
+            "--scene=IndianPines",
+            "--model",
+            "hu",
+            "--epochs",
+            "12",
+            "--batch-size=64",
+            "--lr",
+            "0.003",
+            # One thread: beside the suite's other worker, two spinning OpenMP threads on two
+            # cores took 58 s here against 7.5 s for one.
+            "--threads",
+            "1",
+            "--no-download",
+            "--time-budget",
+            "1",
+            "--checkpoint-every",
+            "0",
+            "--out",
+            str(out),
+        ]
     )
-    assert res.returncode == 0, res.stderr + res.stdout
+    res = capsys.readouterr()
+    assert status == 0, res.err + res.out
     metrics = json.loads((out / "metrics.json").read_text())
     assert _trained_pixels(out) == (1025, 9224)
-    assert len(metrics["per_class_accuracy"]) == 16 and "Stone-Steel-Towers" in res.stdout
+    assert len(metrics["per_class_accuracy"]) == 16 and "Stone-Steel-Towers" in res.out
     # A spectral-only model after 12 short epochs (about 60%): far above chance (1/16).
     assert metrics["oa"] > 0.5
     # The workload's first line names the data it read: "hyperspectral: IndianPines
     # (145, 145, 200) from SOURCE: 1025 train / 9224 test pixels, ...".
-    first = next(line for line in res.stdout.splitlines() if line.startswith("hyperspectral:"))
+    first = next(line for line in res.out.splitlines() if line.startswith("hyperspectral:"))
     assert "1025 train / 9224 test pixels" in first
     env = os.environ.get("LBTRAIN_DATA")
     if env and (Path(env) / "Indian_pines_corrected.mat").is_file():
