@@ -23,7 +23,9 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import ndimage
+
+# scipy.ndimage is imported by the functions that use it: it takes 0.2 s, and every `lbtrain`
+# start imports this module (the command line lists the hyperspectral workload's options).
 
 __all__ = ["DisjointParts", "disjoint_parts", "largest_testable_patch"]
 
@@ -52,6 +54,8 @@ class DisjointParts:
 
 def _near(train: np.ndarray, radius: int) -> np.ndarray:
     """Pixels within `radius` (Chebyshev) of a training pixel: inside some training patch."""
+    from scipy import ndimage
+
     if radius == 0:
         return train.copy()
     return ndimage.maximum_filter(train, size=2 * radius + 1, mode="constant")
@@ -123,6 +127,8 @@ def _slice_fields(
 ) -> None:
     """Add class `c`'s `count` training pixels to `guard`: one slice per field (labels 1..n
     of `fields`), each from the side that leaves the most tested (see the module docstring)."""
+    from scipy import ndimage
+
     sizes = np.bincount(fields.ravel(), minlength=n + 1)[1:]
     shares = _field_shares(sizes, count)
     boxes = ndimage.find_objects(fields, max_label=n)  # each field's pixels from its box
@@ -208,6 +214,8 @@ def _testing_patches(
 
 def _parts(gt: np.ndarray, train_ratio: float, patch_size: int, seed: int) -> DisjointParts:
     """The split of `disjoint_parts`, without a word."""
+    from scipy import ndimage
+
     radius = patch_size // 2
     k = int(gt.max(initial=0))
     totals = np.bincount(gt.ravel(), minlength=k + 1)[1:]
@@ -243,6 +251,8 @@ def largest_testable_patch(
     cut as in `disjoint_parts`, from the side, of `angles` (the split's fan; default one
     from 0), that leaves a pixel furthest (Chebyshev) from it.
     """
+    from scipy import ndimage
+
     rows, cols = np.nonzero(region)
     count = _train_count(rows.size, train_ratio)
     if count >= rows.size:

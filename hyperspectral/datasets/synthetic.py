@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from scipy import ndimage
 
 from .errors import DatasetError
 from .scene import Scene
@@ -88,6 +87,10 @@ def make_synthetic_scene(
     base = 1.0 + 0.5 * wl + smooth_curve(4, 0.3)
     means = np.stack([base + class_separation * smooth_curve(3, 1.0) for _ in range(num_classes)])
     labels = site_class[nearest] - 1
+
+    # Imported here: scipy.ndimage takes 0.2 s, and every `lbtrain` start imports this module
+    # (its command line lists the hyperspectral workload's options).
+    from scipy import ndimage
 
     cube = means[labels].reshape(height, width, bands)
     illum = ndimage.gaussian_filter(rng.normal(0, 1, (height, width)), 4)
