@@ -26,10 +26,20 @@ os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    slow, fast = [], []
     for item in items:
         relative = Path(item.fspath).resolve().relative_to(TESTS.resolve())
         if relative.parts[0] in SLOW_FOLDERS:
             item.add_marker(pytest.mark.slow)
+            slow.append(item)
+        else:
+            fast.append(item)
+    # Each half of the collection begins with half of the slow tests (every other one):
+    # pytest-xdist's worksteal gives each worker a half, and an idle worker steals from the
+    # end of the other's queue. With the slow tests all in the first half, one worker was
+    # left at the end running launches of 8-30 s that the other could not share.
+    first = max(0, len(items) // 2 - len(slow[::2]))  # the fast tests in the first half
+    items[:] = [*slow[::2], *fast[:first], *slow[1::2], *fast[first:]]
 
 
 @pytest.fixture(scope="session")
