@@ -32,14 +32,14 @@ XDIST = $(if $(filter 0,$(JOBS)),,-n $(JOBS) --dist worksteal)
 # __pycache__ is git-ignored.
 COMPILE = $(PY) -m compileall -q lbtrain hyperspectral tests
 test: lint
-	@$(COMPILE) >/dev/null
+	@$(COMPILE)
 	@$(PY) -m pytest -q $(XDIST); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc
 
 # The in-process tiers only (no mpiexec, no programs started): the edit-test loop.
 test-fast: lint
-	@$(COMPILE) >/dev/null
+	@$(COMPILE)
 	@$(PY) -m pytest -q $(XDIST) -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-fast: pytest collected no tests" >&2; exit 1; fi; \
 	exit $$rc

@@ -34,12 +34,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             slow.append(item)
         else:
             fast.append(item)
-    # Each half of the collection begins with half of the slow tests (every other one):
-    # pytest-xdist's worksteal gives each worker a half, and an idle worker steals from the
-    # end of the other's queue. With the slow tests all in the first half, one worker was
-    # left at the end running launches of 8-30 s that the other could not share.
-    first = max(0, len(items) // 2 - len(slow[::2]))  # the fast tests in the first half
-    items[:] = [*slow[::2], *fast[:first], *slow[1::2], *fast[first:]]
+    # Each worker's share of the collection begins with its part of the slow tests (every
+    # k-th one): pytest-xdist's worksteal hands each of k workers a k-th of the items in
+    # order, and an idle worker steals from the end of another's queue. With the slow tests
+    # all at the front, one worker was left at the end running launches of 8-30 s that the
+    # other could not share; now every worker ends on short in-process tests.
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    ordered, start, left = [], 0, len(items)
+    for worker in range(workers):
+        own = slow[worker::workers]
+        share = left // (workers - worker)  # what worksteal hands this worker first
+        take = max(0, share - len(own))
+        ordered += [*own, *fast[start : start + take]]
+        start, left = start + take, left - len(own) - take
+    items[:] = [*ordered, *fast[start:]]
 
 
 @pytest.fixture(scope="session")

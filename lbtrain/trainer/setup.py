@@ -97,7 +97,7 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     if comm.rank == 0 and not config.quiet:  # before profiling, which may take a while
         print(f"{workload.name}: {workload.description}" if workload.description
               else workload.name, flush=True)  # fmt: skip
-    _import_what_torch_imports_late()
+    started += _import_what_torch_imports_late()  # start-up, as torch's own import: off the clock
     began = time.perf_counter()
     make_optimizer = functools.partial(
         build_optimizer,
@@ -128,14 +128,18 @@ def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     return setup
 
 
-def _import_what_torch_imports_late() -> None:
-    """Import torch._dynamo now, after the checks of the settings and before profiling.
+def _import_what_torch_imports_late() -> float:
+    """Import torch._dynamo now, after the checks of the settings and before profiling; the
+    seconds it took.
 
     torch.optim imports it when an optimizer is built (only to mark some methods as not to
     be compiled): about 1 s of CPU. Inside profiling, summary.json's profile_seconds would
     count an import as profiling; before the checks, a mistyped setting would wait for it.
     """
+    began = time.perf_counter()
     import torch._dynamo  # noqa: F401
+
+    return time.perf_counter() - began
 
 
 def _place(config: TrainConfig, comm: Communicator) -> tuple[Replica, Callable[[int], Slowdown]]:

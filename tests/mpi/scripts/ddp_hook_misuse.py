@@ -3,7 +3,7 @@ run (exactness.py, `ddp-misuse/CASE`), on 3 ranks, under mpiexec and under torch
 
 Each case builds a DDP model of its own over torch.distributed's gloo group
 (wrapper_exactness.process_group) and takes one step. `rank`: every rank builds its loader
-for rank 0. `size`: every rank plans for 2 ranks. `plan`: each rank plans from its own
+for rank 0. `size`: every rank plans for 4 ranks. `plan`: each rank plans from its own
 speeds. `length`: rank 1's dataset is longer. `big-seed`: no misuse, a seed beyond int64 on
 every rank, which the check must take. Each rank catches the refusal, and rank 0 prints what
 every rank said, so the test sees that a rank whose own loader is right refused too,
@@ -37,7 +37,7 @@ def run_case(comm: Communicator, case: str) -> str:
     if case == "rank":
         loader = balanced_loader([1.0] * size, data, global_batch_size=9, rank=0)  # wrong but on 0
     elif case == "size":
-        loader = balanced_loader([1.0] * (size - 1), data, global_batch_size=8, rank=min(rank, 1))
+        loader = balanced_loader([1.0] * (size + 1), data, global_batch_size=8, rank=rank)
     elif case == "plan":
         speeds = [3.0 if r == rank else 1.0 for r in range(size)]  # each rank's own view
         loader = balanced_loader(speeds, data, global_batch_size=9, rank=rank)
