@@ -110,38 +110,17 @@ def test_legacy_flags_are_translated_and_other_commands_refused(capsys):
         assert err.startswith(f"usage: {PROG} train [OPTIONS]"), err
 
 
+# Both short runs: one thread (beside the suite's other worker, two OpenMP threads spinning
+# on two cores took 58 s here against 7.5 s for one), a short profile, one checkpoint at the end.
+SHORT_RUN = ["--lr", "0.003", "--threads", "1", "--time-budget", "1", "--checkpoint-every", "0"]
+
+
 def test_tiny_training_run_on_a_synthetic_scene(tmp_path, capsys):
     """In-process: the entry point itself runs as a program in the tests above and below."""
     out = tmp_path / "run"
-    status = main(
-        [
-            "train",
-            "--scene",
-            "synthetic",
-            "--model",
-            "hamida",
-            "--patch-size",
-            "3",
-            "--epochs",
-            "15",
-            "--batch-size",
-            "32",
-            "--lr",
-            "0.003",
-            "--threads",
-            "1",
-            "--train-ratio",
-            "0.2",
-            "--seed",
-            "1",
-            "--time-budget",
-            "1",
-            "--checkpoint-every",
-            "0",
-            "--out",
-            str(out),
-        ]
-    )
+    status = main(["train", "--scene", "synthetic", "--model", "hamida", "--patch-size", "3",
+                   "--epochs", "15", "--batch-size", "32", "--train-ratio", "0.2", "--seed", "1",
+                   *SHORT_RUN, "--out", str(out)])  # fmt: skip
     res = capsys.readouterr()
     assert status == 0, res.err + res.out
     assert "epoch 15/15" in res.out
@@ -163,30 +142,8 @@ def test_short_run_on_real_indian_pines(tmp_path, capsys):
     """The real scene end to end: $LBTRAIN_DATA's .mat files when set, tensorly's copy else.
     In-process, as the synthetic run above."""
     out = tmp_path / "ip"
-    status = main(
-        [
-            "train",
-            "--scene=IndianPines",
-            "--model",
-            "hu",
-            "--epochs",
-            "12",
-            "--batch-size=64",
-            "--lr",
-            "0.003",
-            # One thread: beside the suite's other worker, two spinning OpenMP threads on two
-            # cores took 58 s here against 7.5 s for one.
-            "--threads",
-            "1",
-            "--no-download",
-            "--time-budget",
-            "1",
-            "--checkpoint-every",
-            "0",
-            "--out",
-            str(out),
-        ]
-    )
+    status = main(["train", "--scene=IndianPines", "--model", "hu", "--epochs", "12",
+                   "--batch-size=64", "--no-download", *SHORT_RUN, "--out", str(out)])  # fmt: skip
     res = capsys.readouterr()
     assert status == 0, res.err + res.out
     metrics = json.loads((out / "metrics.json").read_text())
