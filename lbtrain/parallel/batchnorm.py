@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lbtrain.collective import CollectiveError, agree
 from lbtrain.comm import Communicator
+from lbtrain.parallel.batchnorm_step import _SyncBatchNormFunction
 
 __all__ = [
     "BatchNormMismatch",
@@ -135,14 +135,10 @@ class SyncBatchNorm(_BatchNorm):
         tag = stamp % _WRAP
         return [tag, tag**2, self.layer_index, self.layer_index**2]
 
-    def _collective(
-        self, head: list[float], figures: torch.Tensor, phase: str
-    ) -> tuple[list[float], torch.Tensor]:
-        """Sum `head` (tags, then counts) and `figures` over the ranks, in one buffer; the
-        summed head and figures, after refusing them on every rank if out of step."""
-        buffer = torch.cat(
-            [torch.tensor(head, dtype=torch.float64, device=figures.device), figures]
-        )
+    def _collective(self, buffer: torch.Tensor, head: list[float], phase: str) -> list[float]:
+        """Sum `buffer` over the ranks, in place: its first slots hold `head` (tags, then a
+        count or nothing), then the figures. The summed head, after refusing the sums on
+        every rank if out of step."""
         if self.before_collective is not None:
             self.before_collective()
         assert self.comm is not None
@@ -161,124 +157,7 @@ class SyncBatchNorm(_BatchNorm):
                 f"layer '{self.layer_name}' ({phase}): every rank must run forward and backward "
                 "on every batch, an empty one too, with the same BatchNorm layers in train mode"
             )
-        return summed, buffer[len(head) :]
-
-
-def _local_figures(input: torch.Tensor, channels: int, local: int) -> torch.Tensor:
-    """This rank's per-channel sum and sum of squares, float64: [n mean, n (var + mean^2)]."""
-    full = input.dtype in (torch.float32, torch.float64)  # half sums would round the figures
-    if input.device.type == "cpu" and input.dim() > 2 and full:
-        # Two passes, the mean, then sums of the input less it (the corrected two-pass
-        # variance, in the input's precision): about 3x faster on one CPU thread than
-        # BatchNorm's training kernel (BENCHMARKS.md, issue 37) and as precise, since the
-        # sums of (x - mean) do not cancel, however far the mean is from 0 or one sample
-        # from the others. (Less the first sample's mean alone, a sparse channel, one
-        # active sample in 2048, was 1% off.)
-        dims = [0, *range(2, input.dim())]
-        shift = input.mean(dims)
-        shifted = input - shift.view([1, channels] + [1] * (input.dim() - 2))
-        sums = shifted.sum(dims).double().div_(local)
-        squares = shifted.square_().sum(dims).double().div_(local)
-        mean = sums + shift.double()
-        var = squares.sub_(sums * sums).clamp_(min=0)
-    else:
-        # BatchNorm's own training kernel for this rank's mean and 1/std (eps 0, so the
-        # variance is 1/invstd^2; it gives 1/std 0 for a variance of 0): stable, and the
-        # quicker one for (N, C) inputs and on CUDA (float for half and bfloat16 inputs).
-        _, mean, invstd = torch.native_batch_norm(input, None, None, None, None, True, 0.0, 0.0)
-        invstd, mean = invstd.double(), mean.double()
-        var = torch.where(invstd > 0, invstd.pow(-2), 0.0)
-    return torch.cat([mean, var.addcmul_(mean, mean)]).mul_(local)
-
-
-class _SyncBatchNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        input: torch.Tensor,
-        weight: torch.Tensor | None,
-        bias: torch.Tensor | None,
-        layer: SyncBatchNorm,
-        factor: float,
-    ) -> torch.Tensor:
-        channels = input.shape[1]
-        local = input.numel() // channels if channels else 0
-        if local:
-            figures = _local_figures(input, channels, local)
-        else:
-            figures = torch.zeros(2 * channels, dtype=torch.float64, device=input.device)
-        if layer.stamp is None:
-            layer._forwards += 1
-        stamp = layer._forwards if layer.stamp is None else layer.stamp
-        summed, figures = layer._collective([*layer._tags(stamp), local], figures, "forward")
-        count = summed[_TAG]
-        if count <= 1:
-            raise ValueError(
-                f"synchronised BatchNorm layer '{layer.layer_name}' got {int(count)} value per "
-                "channel over all ranks in training: it needs more than 1 (a global batch of at "
-                "least 2 samples)"
-            )
-        figures.div_(count)
-        mean = figures[:channels]
-        var = figures[channels:].sub_(mean * mean).clamp_(min=0)
-        if layer.track_running_stats and layer.running_mean is not None:
-            with torch.no_grad():
-                running = layer.running_mean, layer.running_var
-                unbiased = var * (count / (count - 1))
-                for buffer, value in zip(running, (mean, unbiased), strict=True):
-                    buffer.mul_(1 - factor).add_(value.to(buffer.dtype), alpha=factor)
-        invstd = torch.rsqrt(var + layer.eps)  # float64, for backward's correction
-        mean, var = mean.to(input.dtype), var.to(input.dtype)
-        # BatchNorm in eval mode with the global figures: one fused pass.
-        output = nn.functional.batch_norm(input, mean, var, weight, bias, False, 0.0, layer.eps)
-        ctx.invstd = invstd
-        ctx.save_for_backward(input, weight, mean, var)
-        ctx.layer, ctx.count, ctx.stamp = layer, count, stamp
-        return output
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        input, weight, mean, var = ctx.saved_tensors
-        layer: SyncBatchNorm = ctx.layer
-        channels = input.shape[1]
-        grad = grad.contiguous()
-        invstd = ctx.invstd  # float64
-        if input.numel():
-            # Eval-mode backward: grad * weight * invstd, and this rank's sum of grad * x_hat
-            # (weight's gradient) and of grad (bias's gradient), in one pass. The CPU kernel
-            # reads the running figures (mean, var) in eval mode; the CUDA one may read the
-            # saved ones instead, and asserts that they are given.
-            # (The saved ones in the accumulation type: float for half and bfloat16 inputs.)
-            acc = torch.promote_types(input.dtype, torch.float32)
-            grad_input, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-                grad, input, weight, mean, var, mean.to(acc), invstd.to(acc), False, layer.eps,
-                [True, True, True],
-            )  # fmt: skip
-            figures = torch.cat([sum_dy.double(), sum_dy_xhat.double()])
-        else:
-            grad_input = torch.zeros_like(input)
-            sum_dy_xhat = sum_dy = torch.zeros(channels, dtype=input.dtype, device=input.device)
-            figures = torch.zeros(2 * channels, dtype=torch.float64, device=input.device)
-        _, figures = layer._collective(layer._tags(ctx.stamp), figures, "backward")
-        if ctx.needs_input_grad[0] and input.numel():
-            # dx = w invstd (dy - mean(dy) - x_hat mean(dy x_hat)), means over the global batch:
-            # the eval-mode part is there; add x * b + c per channel.
-            scale = invstd if weight is None else weight.double() * invstd
-            means = figures.div_(ctx.count)
-            mean_dy, mean_dy_xhat = means[:channels], means[channels:]
-            slope = -scale * invstd * mean_dy_xhat
-            offset = scale * (invstd * mean.double() * mean_dy_xhat - mean_dy)
-            shape = [1, channels] + [1] * (input.dim() - 2)
-            grad_input.addcmul_(input, slope.to(input.dtype).view(shape))
-            grad_input.add_(offset.to(input.dtype).view(shape))
-        return (
-            grad_input if ctx.needs_input_grad[0] else None,
-            sum_dy_xhat if ctx.needs_input_grad[1] else None,
-            sum_dy if ctx.needs_input_grad[2] else None,
-            None,
-            None,
-        )
+        return summed
 
 
 def sync_batchnorm_layers(model: nn.Module) -> list[tuple[str, SyncBatchNorm]]:
