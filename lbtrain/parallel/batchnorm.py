@@ -197,7 +197,8 @@ def timed_as_synchronised(model: nn.Module, enabled: bool = True) -> Iterator[nn
 
     For profiling: each rank is timed alone, but a synchronised layer costs more than a plain
     one (two statistics passes, a correction in backward, and the Python around them, about
-    0.3 ms a layer and step on one CPU thread at small batches), which a plan must see.
+    0.2 ms a layer and step on one CPU thread at small batches here, 0.6 ms on a slower
+    Xeon's), which a plan must see.
     The stand-in layers share the originals' parameters and buffers, so an optimizer and a
     snapshot of the model still hold them. A model that is itself one BatchNorm layer, or a
     layer of a type `convert_sync_batchnorm` refuses, is timed as it is.

@@ -261,3 +261,23 @@ def test_timed_as_synchronised_computes_what_batchnorm_computes_and_restores_a_c
     assert seen == [SyncBatchNorm]
     assert not converted[0].alone_as_synchronised
     assert (converted[0].stamp, converted[0]._forwards) == (7, 5)
+
+
+def test_running_figures_updated_through_numpy_still_raise_their_version():
+    # On a CPU rank the update goes through numpy, which torch does not see: without the
+    # version raised, a backward through an earlier eval forward (which saved the running
+    # figures) would silently use the new ones, where BatchNorm's own update makes autograd
+    # refuse it.
+    from lbtrain.parallel.batchnorm import timed_as_synchronised
+
+    model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3))
+    x = torch.randn(4, 3, 5, 5)
+    with timed_as_synchronised(model) as stand_in:
+        stand_in.eval()
+        out = stand_in(x).sum()
+        versions = stand_in[1].running_mean._version, stand_in[1].running_var._version
+        stand_in.train()(x)
+        assert stand_in[1].running_mean._version > versions[0]
+        assert stand_in[1].running_var._version > versions[1]
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.backward()
