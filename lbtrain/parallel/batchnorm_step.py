@@ -21,9 +21,6 @@ from torch.autograd.function import once_differentiable
 if TYPE_CHECKING:
     from lbtrain.parallel.batchnorm import SyncBatchNorm
 
-# The reduced dimensions of an input of each rank (all but the channels'), made once.
-_DIMS = {rank: (0, *range(2, rank)) for rank in range(3, 9)}
-
 
 def _local_sums(input: torch.Tensor, channels: int, local: int, host: bool) -> tuple[Any, Any]:
     """This rank's per-channel sum of x and of x^2, float64 (numpy on the host)."""
@@ -35,7 +32,7 @@ def _local_sums(input: torch.Tensor, channels: int, local: int, host: bool) -> t
         # sums of (x - mean) do not cancel, however far the mean is from 0 or one sample
         # from the others. (Less the first sample's mean alone, a sparse channel, one
         # active sample in 2048, was 1% off.)
-        dims = _DIMS[input.dim()]
+        dims = (0, *range(2, input.dim()))  # all but the channels'
         shift = input.mean(dims, keepdim=True)
         shifted = input - shift
         d1 = _host(shifted.sum(dims))
