@@ -2,7 +2,7 @@
 
 A layer runs twice a step (forward and backward), and a ResNet-44 has 43 of them, so the
 per-channel arithmetic is where a synchronised step loses its time on a CPU: each torch call
-costs 1.5-4 us of Python and dispatch (a view, a split, a conversion), against a few us of a
+costs 1.5-5 us of Python and dispatch (a view, a split, a conversion), against a few us of a
 small layer's own tensor work. On a CPU rank the figures therefore live in one float64 numpy
 buffer (numpy's calls on 64 values cost a fraction of torch's), which the communicator sees
 as a CPU tensor sharing its memory; elsewhere (CUDA) they stay torch tensors on the device.
