@@ -98,6 +98,10 @@ def _correction(
     return slope, -(scale * mean_dy + slope * mean)
 
 
+# The torch dtypes numpy converts to itself (bfloat16 has no numpy type: torch converts it).
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
 def _tensor(values: Any, dtype: torch.dtype, shape: tuple[int, ...] | None = None) -> torch.Tensor:
     """Per-channel `values` (numpy or torch) as a tensor of `dtype`, viewed as `shape`."""
     if isinstance(values, np.ndarray):
@@ -124,9 +128,6 @@ def _update_running(layer: SyncBatchNorm, mean: Any, unbiased: Any, factor: floa
             torch.autograd.graph.increment_version(running)
         else:
             running.mul_(1 - factor).add_(_tensor(value, running.dtype), alpha=factor)
-
-
-_NUMPY = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):
