@@ -160,7 +160,12 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if layer.track_running_stats and layer.running_mean is not None:
             _update_running(layer, mean, var * (count / (count - 1)), factor)
         invstd = (var + layer.eps) ** -0.5  # float64, for backward's correction
-        low_mean, low_var = _tensor(mean, input.dtype), _tensor(var, input.dtype)
+        low = input.dtype
+        if host and weight is not None and weight.dtype != low:
+            # The CPU's kernels take a half or bfloat16 input with the parameters and the
+            # figures in float (BatchNorm's own mixed case), never the figures in half.
+            low = weight.dtype
+        low_mean, low_var = _tensor(mean, low), _tensor(var, low)
         # BatchNorm in eval mode with the global figures: one fused pass.
         output = torch.batch_norm(
             input, weight, bias, low_mean, low_var, False, 0.0, layer.eps,
@@ -183,8 +188,9 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             # (weight's gradient) and of grad (bias's gradient), in one pass. The CPU kernel
             # reads the running figures (mean, var) in eval mode; the CUDA one may read the
             # saved ones instead, and asserts that they are given.
-            # (The saved ones in the accumulation type: float for half and bfloat16 inputs.)
-            acc = torch.promote_types(input.dtype, torch.float32)
+            # The saved ones in the accumulation type on CUDA (float for half and bfloat16
+            # inputs); on the CPU in the running figures' type, which its kernel requires.
+            acc = low_mean.dtype if host else torch.promote_types(input.dtype, torch.float32)
             grad_input, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
                 grad.contiguous(), input, weight, low_mean, low_var, low_mean.to(acc),
                 _tensor(ctx.invstd, acc), False, layer.eps, [True, True, True],

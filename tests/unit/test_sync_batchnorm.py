@@ -140,6 +140,49 @@ def test_float32_statistics_of_an_off_centre_channel_are_combined_in_float64(kin
         assert torch.allclose(variance.double(), expected, rtol=1e-3)
 
 
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("params", ["low", "float32"])
+def test_half_and_bfloat16_inputs_train_on_cpu_ranks_as_batchnorm_does(low, params):
+    """A half or bfloat16 input, with the layer in that type or in float (BatchNorm's mixed
+    case), on CPU ranks with shares 4/12: one process's float32 BatchNorm up to the low
+    type's rounding. (Backward refused both before: the CPU's kernels want the figures in
+    the parameters' type.) Per-rank statistics miss by tenths."""
+    torch.manual_seed(0)
+    plain = nn.BatchNorm2d(4)
+    with torch.no_grad():
+        plain.weight.uniform_(0.5, 1.5), plain.bias.uniform_(-1, 1)
+    inputs = (torch.randn(16, 4, 3, 3) * 2 + torch.linspace(-3, 3, 16).view(16, 1, 1, 1)).to(low)
+    grads = torch.randn(16, 4, 3, 3).to(low)
+    reference = copy.deepcopy(plain)
+    x = inputs.float().requires_grad_()
+    expected = reference(x)
+    expected.backward(grads.float())
+    tolerance = 2e-2 if low is torch.float16 else 1e-1  # against values of order 1 to 10
+
+    def work(comm):
+        layer = convert_sync_batchnorm(copy.deepcopy(plain).to(low if params == "low" else None),
+                                       comm)  # fmt: skip
+        start, stop = (0, 4) if comm.rank == 0 else (4, 16)
+        part = inputs[start:stop].clone().requires_grad_()
+        out = layer(part)
+        out.backward(grads[start:stop])
+        assert out.dtype == part.grad.dtype == low
+        weight_grad = layer.weight.grad.float()
+        comm.allreduce_sum_(weight_grad)
+        return (
+            (out.float() - expected[start:stop]).abs().max().item(),
+            (part.grad.float() - x.grad[start:stop]).abs().max().item(),
+            (weight_grad - reference.weight.grad).abs().max().item() / 10,  # sums of 144
+            (layer.running_var.float() - reference.running_var).abs().max().item(),
+        )
+
+    for errors in _values(run_ranks(2, work, timeout=60)):
+        assert max(errors) < tolerance, errors
+    # The negative control: rank 0's own statistics (its 4 samples) in forward.
+    alone = copy.deepcopy(plain)(inputs[:4].float())
+    assert (alone - expected[:4].detach()).abs().max() > 10 * tolerance
+
+
 def test_a_rank_s_variance_stays_precise_with_one_sample_far_from_the_others():
     """A rank's figures come from sums of the input less its mean (BatchNorm2d on the CPU):
     a sparse channel, one sample active among 2048, against float64. Less the first
