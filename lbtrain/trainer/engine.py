@@ -331,8 +331,13 @@ class Engine:
                 if self.step_metric is not None:
                     metric = self.step_metric(outputs.detach(), targets)
         # Buckets not started from backward start before the control allreduce, so every
-        # rank starts its collectives in the same order.
-        parallel.launch()
+        # rank starts its collectives in the same order. (A rank that ran no forward meets
+        # the others' epoch check here: waiting too.)
+        parallel.before_collective, parallel.after_collective = self._waits.around()
+        try:
+            parallel.launch()
+        finally:
+            parallel.before_collective = parallel.after_collective = None
         computed = mark()
         clock = self.training_clock() if self.comm.rank == 0 else 0.0
         control = Control.of_step(weight, value, metric, len(targets), self.stop.code, clock)
@@ -358,13 +363,11 @@ class Engine:
         parallel = self.parallel
         assert parallel is not None
         with slowdown.step(synchronize=sync, cpu_timer=self._cpu_timer) as segments:
-            if parallel.collective_forward:
-                # Time in the model's collectives is waiting, not compute; and an emulated
-                # slow rank is slow between them too.
-                emulated = (segments.split, segments.resume) if slowdown.active else ()
-                parallel.before_collective, parallel.after_collective = self._waits.around(
-                    *emulated
-                )
+            # Time in the collectives inside the step (synchronised BatchNorm's, the wrapper's
+            # epoch check at each epoch's first step) is waiting, not compute; and an
+            # emulated slow rank is slow between them too.
+            emulated = (segments.split, segments.resume) if slowdown.active else ()
+            parallel.before_collective, parallel.after_collective = self._waits.around(*emulated)
             try:
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
                 outputs = parallel(inputs)

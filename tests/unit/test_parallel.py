@@ -5,6 +5,7 @@ tests/mpi/test_exactness.py runs the same checks under mpiexec and torchrun (rea
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -85,24 +86,31 @@ def test_two_in_process_ranks_on_one_gpu_are_named_not_left_waiting():
     assert shared_autograd_thread([*apart, ("a", 7, "cpu")]) is None
 
 
-def test_the_hooks_around_each_batchnorm_collective_come_in_pairs():
+@pytest.mark.parametrize("sync_batchnorm", [True, False], ids=["batchnorm", "plain"])
+def test_the_hooks_around_each_collective_inside_the_step_come_in_pairs(sync_batchnorm):
     """An emulated slowdown sleeps before each collective inside the model and times compute
-    again after it (lbtrain.emulation.Segments): the wrapper calls both, in turn."""
-    inputs, targets = make_data("convnet", 64)
+    again after it (lbtrain.emulation.Segments): the wrapper calls both, in turn. Also around
+    its epoch check after the first forward of an epoch, with BatchNorm or without: the fast
+    ranks wait there for the slowest one's forward."""
+    inputs, targets = make_data("convnet", 128)  # two steps of 64
 
     def work(comm):
         loader = balanced_loader(_plan([5, 11, 48]), TensorDataset(inputs, targets),
                                  rank=comm.rank, seed=3)  # fmt: skip
-        model = BalancedDataParallel(make_model("convnet"), comm, loader)
-        calls = []
-        model.before_collective = lambda: calls.append("before")
-        model.after_collective = lambda: calls.append("after")
-        x, y = next(iter(loader))
-        nn.functional.cross_entropy(model(x), y).backward()
+        model = BalancedDataParallel(make_model("convnet"), comm, loader,
+                                     sync_batchnorm=sync_batchnorm)  # fmt: skip
+        calls: list[list[str]] = []
+        model.before_collective = lambda: calls[-1].append("before")
+        model.after_collective = lambda: calls[-1].append("after")
+        for x, y in itertools.islice(loader, 2):
+            calls.append([])
+            nn.functional.cross_entropy(model(x), y).backward()
         return calls
 
-    for calls in _values(run_ranks(3, work, timeout=60)):
-        assert calls == ["before", "after"] * 6  # 3 BatchNorm layers, forward and backward
+    layers = 6 if sync_batchnorm else 0  # 3 BatchNorm layers, forward and backward
+    for first, second in _values(run_ranks(3, work, timeout=60)):
+        assert first == ["before", "after"] * (layers + 1)  # the epoch check: once an epoch
+        assert second == ["before", "after"] * layers
 
 
 def _on_a_thread(step) -> None:
