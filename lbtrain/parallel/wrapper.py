@@ -164,8 +164,9 @@ class BalancedDataParallel(nn.Module):
         for layer in layers:
             layer.before_collective = self._before_collective
             layer.after_collective = self._after_collective
-        # Called before each collective inside the model and once it returns (an emulated
-        # slowdown sleeps before it, and times compute again after it).
+        # Called before each collective inside the step (synchronised BatchNorm's, the epoch
+        # check after an epoch's first forward) and once it returns (an emulated slowdown
+        # sleeps before it, and times compute again after it).
         self.before_collective: Callable[[], None] | None = None
         self.after_collective: Callable[[], None] | None = None
         # With collectives inside the model, a rank with no samples runs its empty batch

@@ -156,8 +156,9 @@ def with_inner_wait(times: StepTimes | PendingTimes, seconds: float) -> StepTime
 
 
 class CollectiveWaits:
-    """Times the model's own collectives (synchronised BatchNorm), as the wrapper's
-    `before_collective` and `after_collective` hooks, on the host clock.
+    """Times the collectives inside a step (synchronised BatchNorm's, the wrapper's epoch
+    check), as the wrapper's `before_collective` and `after_collective` hooks, on the host
+    clock.
 
     Args:
         now: the clock, in seconds.
