@@ -161,10 +161,14 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             _update_running(layer, mean, var * (count / (count - 1)), factor)
         invstd = (var + layer.eps) ** -0.5  # float64, for backward's correction
         low = input.dtype
-        if host and weight is not None and weight.dtype != low:
-            # The CPU's kernels take a half or bfloat16 input with the parameters and the
-            # figures in float (BatchNorm's own mixed case), never the figures in half.
-            low = weight.dtype
+        if host and low in (torch.float16, torch.bfloat16):
+            # A half or bfloat16 input with the figures and the parameters in float
+            # (BatchNorm's own mixed case, which the CPU's kernels take; they refuse float
+            # figures beside half parameters). In half, a variance above 65504 would be inf.
+            # Autograd casts the parameters' float gradients back to their own type.
+            low = torch.float32
+            weight = None if weight is None else weight.float()
+            bias = None if bias is None else bias.float()
         low_mean, low_var = _tensor(mean, low), _tensor(var, low)
         # BatchNorm in eval mode with the global figures: one fused pass.
         output = torch.batch_norm(

@@ -166,7 +166,8 @@ class CollectiveWaits:
             queued kernels are compute, not waiting). The layer reads the collective's
             result on the host before `after_collective`, so an NCCL allreduce, queued when
             it returns, has finished by then. One device sync a collective on a CUDA rank
-            with synchronised BatchNorm, which the host read after it pays anyway.
+            with synchronised BatchNorm, which the host read after it pays anyway, and one
+            an epoch at the epoch check (an allgather of Python objects, read on the host).
     """
 
     def __init__(

@@ -174,6 +174,7 @@ def test_half_and_bfloat16_inputs_train_on_cpu_ranks_as_batchnorm_does(low, para
             (part.grad.float() - x.grad[start:stop]).abs().max().item(),
             (weight_grad - reference.weight.grad).abs().max().item() / 10,  # sums of 144
             (layer.running_var.float() - reference.running_var).abs().max().item(),
+            (layer.running_mean.float() - reference.running_mean).abs().max().item(),
         )
 
     for errors in _values(run_ranks(2, work, timeout=60)):
@@ -181,6 +182,31 @@ def test_half_and_bfloat16_inputs_train_on_cpu_ranks_as_batchnorm_does(low, para
     # The negative control: rank 0's own statistics (its 4 samples) in forward.
     alone = copy.deepcopy(plain)(inputs[:4].float())
     assert (alone - expected[:4].detach()).abs().max() > 10 * tolerance
+
+
+def test_a_half_layer_normalises_a_variance_beyond_half_s_range():
+    """A float16 layer and input of spread 400: the variance, 1.6e5, is past float16's
+    65504. As half figures it was inf: the output collapsed to the bias, every gradient to
+    0. The figures and parameters go to the kernels in float, as BatchNorm's mixed case."""
+    torch.manual_seed(0)
+    inputs = (torch.randn(16, 3, 4, 4) * 400).half()
+    plain = nn.BatchNorm2d(3)
+    expected = plain(inputs.float())
+
+    def work(comm):
+        layer = convert_sync_batchnorm(copy.deepcopy(nn.BatchNorm2d(3)).half(), comm)
+        part = inputs[comm.rank * 8 : (comm.rank + 1) * 8].clone().requires_grad_()
+        out = layer(part)
+        out.float().square().sum().backward()
+        return (
+            (out.float() - expected[comm.rank * 8 : (comm.rank + 1) * 8]).abs().max().item(),
+            part.grad.float().abs().max().item(),
+            (layer.running_var.float() / plain.running_var - 1).abs().max().item(),
+        )
+
+    for output_error, grad_size, running_error in _values(run_ranks(2, work, timeout=60)):
+        assert output_error < 2e-2 and running_error < 1e-2
+        assert grad_size > 0  # a normalised output's gradient: small, not exactly 0
 
 
 def test_a_rank_s_variance_stays_precise_with_one_sample_far_from_the_others():

@@ -511,7 +511,7 @@ def test_a_finished_run_takes_its_own_plan_under_another_name(tmp_path, monkeypa
     assert _same_setting(64, 64) and not _same_setting(32, 64)
 
 
-def test_time_in_synchronised_batchnorm_collectives_is_wait_not_compute():
+def test_time_in_the_collectives_inside_a_step_is_wait_not_compute():
     """The fastest rank waits for the slowest inside each BatchNorm collective; counted as
     compute, every rank would look as slow as the slowest and the re-planner could not tell
     them apart. On a clock that ticks 1 s a reading, each collective is 1 s of wait: one
