@@ -333,11 +333,8 @@ class Engine:
         # Buckets not started from backward start before the control allreduce, so every
         # rank starts its collectives in the same order. (A rank that ran no forward meets
         # the others' epoch check here: waiting too.)
-        parallel.before_collective, parallel.after_collective = self._waits.around()
-        try:
+        with self._waits.attached(parallel):
             parallel.launch()
-        finally:
-            parallel.before_collective = parallel.after_collective = None
         computed = mark()
         clock = self.training_clock() if self.comm.rank == 0 else 0.0
         control = Control.of_step(weight, value, metric, len(targets), self.stop.code, clock)
@@ -367,14 +364,11 @@ class Engine:
             # epoch check at each epoch's first step) is waiting, not compute; and an
             # emulated slow rank is slow between them too.
             emulated = (segments.split, segments.resume) if slowdown.active else ()
-            parallel.before_collective, parallel.after_collective = self._waits.around(*emulated)
-            try:
+            with self._waits.attached(parallel, *emulated):
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
                 outputs = parallel(inputs)
                 loss = self.loss_fn(outputs, targets)
                 loss.backward()
-            finally:
-                parallel.before_collective = parallel.after_collective = None
         return outputs, loss, targets
 
     def _count(

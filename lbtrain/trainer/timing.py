@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,13 +180,22 @@ class CollectiveWaits:
         self._split: Callable[[], None] | None = None
         self._resume: Callable[[], None] | None = None
 
-    def around(
-        self, split: Callable[[], None] | None = None, resume: Callable[[], None] | None = None
-    ) -> tuple[Callable[[], None], Callable[[], None]]:
-        """The two hooks, calling `split` (an emulated sleep, compute) before the timing
-        starts and `resume` once it stops."""
+    @contextmanager
+    def attached(
+        self,
+        owner: Any,
+        split: Callable[[], None] | None = None,
+        resume: Callable[[], None] | None = None,
+    ) -> Iterator[None]:
+        """`owner`'s (the wrapper's) `before_collective` and `after_collective` hooks are
+        these for the block, calling `split` (an emulated sleep, compute) before the timing
+        starts and `resume` once it stops; None again after it."""
         self._split, self._resume = split, resume
-        return self._before, self._after
+        owner.before_collective, owner.after_collective = self._before, self._after
+        try:
+            yield
+        finally:
+            owner.before_collective = owner.after_collective = None
 
     def take(self) -> float:
         """The seconds timed since the last take."""
