@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import bench_common as bc
@@ -122,8 +123,43 @@ def _setup_figures(ranks: int, slowdown: str, quick: bool, workdir: Path) -> lis
     return figures
 
 
-def measured_ideal(out: Path, epochs: list[dict]) -> tuple[float, float]:
-    """(T*_measured, the measured median step) over `epochs` of the run in `out`.
+@dataclass(frozen=True)
+class MeasuredStep:
+    """A run's step against the ideal for the rates it measured (all in seconds).
+
+    `ideal` is T*_measured (continuous shares); `whole` the best plan in whole samples for
+    those rates; `planned` the plan in force at those rates (the slowest rank's mean compute,
+    plus the sync); `step` the measured median step. Between `planned` and `step` lie the
+    step-to-step variation (each step waits for its own slowest rank, and either rank can be
+    it) and the work outside the timed compute (fetching the batch, bookkeeping).
+    """
+
+    ideal: float
+    whole: float
+    whole_batches: tuple[int, ...]
+    planned: float
+    step: float
+    outside: tuple[float, ...]  # each rank's time a step outside compute, sync and wait
+
+    def losses(self) -> str:
+        """Where the step exceeds T*_measured, each part as a share of the step."""
+        parts = (
+            ("whole samples", self.whole - self.ideal),
+            ("the plan in force", self.planned - self.whole),
+            ("step-to-step variation and work outside compute", self.step - self.planned),
+        )
+        shown = ", ".join(f"{name} {100 * gap / self.step:.1f}%" for name, gap in parts)
+        batches = "/".join(map(str, self.whole_batches))
+        outside = " / ".join(f"{1e3 * seconds:.1f}" for seconds in self.outside)
+        return (
+            f"of the step: {shown} (best whole-sample plan at the measured rates {batches}; "
+            f"outside compute per rank {outside} ms)"
+        )
+
+
+def measured_ideal(out: Path, epochs: list[dict]) -> MeasuredStep:
+    """T*_measured and the measured median step over `epochs` of the run in `out`, with the
+    steps between them (`MeasuredStep`).
 
     Each rank's model in the plan in force (plan.json) is scaled to the compute it measured
     per step at its batch over those epochs (the epochs with the final batches); the sync is
@@ -132,7 +168,7 @@ def measured_ideal(out: Path, epochs: list[dict]) -> tuple[float, float]:
     import dataclasses
     import statistics
 
-    from lbtrain.balancer import BalancePlan, CommCost
+    from lbtrain.balancer import BalancePlan, CommCost, plan_batches
     from lbtrain.balancer.advice import ideal_step
 
     plan = BalancePlan.from_json((out / "plan.json").read_text(encoding="utf-8"))
@@ -152,7 +188,26 @@ def measured_ideal(out: Path, epochs: list[dict]) -> tuple[float, float]:
         comm=CommCost(seconds=seconds, world_size=plan.world_size,
                       nbytes=plan.comm.nbytes if plan.comm else 0),
     )  # fmt: skip
-    return ideal_step(measured).step, statistics.median(e["step_seconds"] for e in same)
+    whole = plan_batches(
+        measured.replicas, plan.global_batch_size, "cost", min_batch=plan.min_batch,
+        comm=measured.comm,
+    )  # fmt: skip
+    return MeasuredStep(
+        ideal=ideal_step(measured).step,
+        whole=whole.predicted_step_time,
+        whole_batches=whole.batch_sizes,
+        planned=measured.predicted_step_time,
+        step=statistics.median(e["step_seconds"] for e in same),
+        outside=tuple(_outside(same, rank) for rank in range(plan.world_size)),
+    )
+
+
+def _outside(epochs: list[dict], rank: int) -> float:
+    """A rank's time a step in none of compute, sync and wait (its batch's fetch, the
+    bookkeeping), over `epochs`."""
+    timed = sum(e["ranks"][rank][k] for e in epochs for k in ("compute", "wait", "comm"))
+    whole = sum(e["ranks"][rank]["seconds"] for e in epochs)
+    return (whole - timed) / sum(e["steps"] for e in epochs)
 
 
 def _idle_shares(epochs: list[dict], ranks: int) -> list[float]:
@@ -176,7 +231,8 @@ def _replan_figures(
     for name, run, first in (("auto", auto, FIRST_AUTO), ("off", off, 1)):
         records = bc.epochs_of(run.out)
         window = records[first:] or records
-        ideal, step = measured_ideal(run.out, window)
+        measured = measured_ideal(run.out, window)
+        ideal, step = measured.ideal, measured.step
         ratio = ideal / step
         idle = " / ".join(f"{100 * share:.0f}" for share in _idle_shares(window, ranks))
         replans = sum(1 for e in records if e.get("replan"))
@@ -188,7 +244,7 @@ def _replan_figures(
             ratio >= TARGET_MEASURED if target else None,
             f"T*_measured {1e3 * ideal:.1f} ms, measured step {1e3 * step:.1f} ms (epochs "
             f"{first + 1}..{len(records)}); batches {batches}; {replans} re-plan(s); idle per "
-            f"rank {idle} %",
+            f"rank {idle} %; {measured.losses()}",
         ))  # fmt: skip
     figures.append(_forecast_figure(label, bc.epochs_of(auto.out)))
     return figures

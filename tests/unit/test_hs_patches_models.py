@@ -34,11 +34,17 @@ def test_patches_equal_a_direct_slice_including_borders(cube):
         assert int(target) == gt[row, col] - 1
         # Centre of the patch is the pixel itself.
         np.testing.assert_array_equal(patch[:, r, r].numpy(), cube[row, col])
-    x, y = ds.batch(torch.tensor([0, 30, 62]))
-    assert x.shape == (3, 4, p, p)
-    for j, idx in enumerate([0, 30, 62]):
+    # A batch of every pixel, in a shuffled order, with repeats: each item is its slice.
+    order = torch.cat(
+        [torch.randperm(63, generator=torch.Generator().manual_seed(0)), torch.tensor([30, 0, 30])]
+    )
+    x, y = ds.batch(order)
+    assert x.shape == (66, 4, p, p) and x.is_contiguous()
+    for j, idx in enumerate(order.tolist()):
         np.testing.assert_array_equal(x[j].numpy(), ds[idx][0].numpy())
         assert int(y[j]) == int(ds[idx][1])
+    empty, none = ds.batch(torch.tensor([], dtype=torch.int64))
+    assert empty.shape == (0, 4, p, p) and none.shape == (0,)
 
 
 def test_dataset_shares_one_padded_cube(cube):

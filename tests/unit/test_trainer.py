@@ -500,6 +500,51 @@ def test_batchnorm_buffers_are_one_state_on_every_rank_after_training(sync):
         assert equal == (copy or sync)
 
 
+def test_an_emulated_rank_stops_its_compute_clock_at_the_epoch_check_without_batchnorm():
+    """The epoch check after an epoch's first forward is a collective inside the step with or
+    without BatchNorm: an emulated slow rank sleeps its stretch before it and times compute
+    again after it (one more stretched piece on that step), so the fast ranks' wait for the
+    slowest forward is not stretched as compute. A rank with no sample and no BatchNorm runs
+    no forward: it meets the check in launch(), outside any stretched piece."""
+    from dataclasses import dataclass, field
+
+    from lbtrain.comm import run_ranks
+    from lbtrain.emulation import Slowdown
+    from tests.mpi.scripts.wrapper_exactness import _plan
+
+    @dataclass(frozen=True)
+    class Pieces(Slowdown):
+        stretched: list = field(default_factory=list, compare=False)
+
+        def after_step(self, compute_seconds: float) -> float:
+            self.stretched.append(compute_seconds)
+            return 0.0  # counted, not slept
+
+    data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))
+
+    def train_on(comm, sizes: list[int]) -> int:
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        loader = balanced_loader(_plan(sizes), data, rank=comm.rank)
+        opt = build_optimizer(model.parameters(), "sgd", lr=0.1)
+        pieces = Pieces(2.0)
+        engine = Engine(
+            model, opt, build_scheduler(opt, "constant", 2, 1), loader, comm,
+            loss_fn=nn.functional.cross_entropy, device=torch.device("cpu"), epochs=1,
+            slowdown_at=lambda epoch: pieces,
+        )  # fmt: skip
+        engine.fit()
+        return len(pieces.stretched)
+
+    steps = 2  # 32 samples in global batches of 16
+    for sizes, expected in (([4, 12], [2 * steps + 1] * 2), ([0, 16], [steps, 2 * steps + 1])):
+        runs = run_ranks(2, lambda comm, v=sizes: train_on(comm, v), timeout=60)
+        for result in runs:
+            if result.error is not None:
+                raise result.error
+        # Each step: forward-backward and the optimizer; the epoch's first forward in two.
+        assert [result.value for result in runs] == expected, sizes
+
+
 def test_a_finished_run_takes_its_own_plan_under_another_name(tmp_path, monkeypatch):
     from lbtrain.trainer.resume import _same_setting
 
