@@ -57,15 +57,14 @@ class PatchDataset(Dataset):
         indices = np.asarray(indices, dtype=np.int64)
         if indices.size and (indices.min() < 0 or indices.max() >= height * width):
             raise ValueError(f"pixel indices must be in [0, {height * width}), got out-of-range")
-        self.padded = padded
+        # Contiguous, as pad_cube makes it (then this is the caller's cube, shared): `batch`
+        # reads it as flattened planes, a view.
+        self.padded = padded.contiguous()
         self.patch_size = patch_size
         self.width = width
-        # For `batch`: the cube's planes flattened (a view of the padded cube, which pad_cube
-        # makes contiguous), and a patch's offsets in a flattened plane from its corner.
-        padded_width = padded.shape[2]
-        self._planes = padded.reshape(padded.shape[0], -1)
+        # A patch's offsets in a flattened plane from its top-left corner.
         offsets = torch.arange(patch_size, device=padded.device)
-        self._window = offsets[:, None] * padded_width + offsets[None, :]
+        self._window = offsets[:, None] * padded.shape[2] + offsets[None, :]
         self.indices = torch.from_numpy(indices)
         if labels is not None:
             targets = labels.ravel()[indices].astype(np.int64) - 1
@@ -102,9 +101,10 @@ class PatchDataset(Dataset):
         # at (row, col) starts there), as an index into a flattened plane. One index_select
         # over the planes is 3-6x faster on a CPU than indexing rows and columns as two
         # tensors (BENCHMARKS.md, "where a 2-rank step goes"), and gives the same values.
+        channels, p = self.padded.shape[0], self.patch_size
+        planes = self.padded.view(channels, -1)
         corners = (rows * self.padded.shape[2] + cols).to(self._window.device)
-        taken = self._planes.index_select(1, (corners[:, None, None] + self._window).ravel())
-        channels, p = self._planes.shape[0], self.patch_size
+        taken = planes.index_select(1, (corners[:, None, None] + self._window).ravel())
         patches = taken.view(channels, len(pos), p, p)  # (C, N, P, P)
         return patches.permute(1, 0, 2, 3).contiguous(), self.targets[pos]
 

@@ -127,11 +127,13 @@ def _setup_figures(ranks: int, slowdown: str, quick: bool, workdir: Path) -> lis
 class MeasuredStep:
     """A run's step against the ideal for the rates it measured (all in seconds).
 
-    `ideal` is T*_measured (continuous shares); `whole` the best plan in whole samples for
-    those rates; `planned` the plan in force at those rates (the slowest rank's mean compute,
-    plus the sync); `step` the measured median step. Between `planned` and `step` lie the
+    `ideal` is T*_measured (continuous shares, zero shares allowed); `whole` the best plan
+    in whole samples for those rates (with the plan's smallest batch); `planned` the plan in
+    force at those rates (the slowest rank's mean compute, plus the sync); `step` the
+    measured step, the median of the epochs'. Between `planned` and `step` lie the
     step-to-step variation (each step waits for its own slowest rank, and either rank can be
-    it) and the work outside the timed compute (fetching the batch, bookkeeping).
+    it) and the work outside the timed compute (fetching the batch, bookkeeping), less
+    whatever the median of the epochs leaves out of their mean: that rest can be below 0.
     """
 
     ideal: float
@@ -146,7 +148,7 @@ class MeasuredStep:
         parts = (
             ("whole samples", self.whole - self.ideal),
             ("the plan in force", self.planned - self.whole),
-            ("step-to-step variation and work outside compute", self.step - self.planned),
+            ("the rest (step-to-step variation, work outside compute)", self.step - self.planned),
         )
         shown = ", ".join(f"{name} {100 * gap / self.step:.1f}%" for name, gap in parts)
         batches = "/".join(map(str, self.whole_batches))

@@ -34,7 +34,9 @@ def test_patches_equal_a_direct_slice_including_borders(cube):
         assert int(target) == gt[row, col] - 1
         # Centre of the patch is the pixel itself.
         np.testing.assert_array_equal(patch[:, r, r].numpy(), cube[row, col])
-    # A batch of every pixel, in a shuffled order, with repeats: each item is its slice.
+    # A batch of every pixel, in a shuffled order, with repeats: each item is its slice. The
+    # dataset's pixels in an order of their own, so positions and pixels differ.
+    ds = PatchDataset(padded, np.random.default_rng(1).permutation(63), p, 9, gt)
     order = torch.cat(
         [torch.randperm(63, generator=torch.Generator().manual_seed(0)), torch.tensor([30, 0, 30])]
     )
