@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -9,7 +10,7 @@ import torch
 from torch import nn
 
 from lbtrain.balancer import BalancePlan
-from lbtrain.balancer.checks import whole
+from lbtrain.balancer.checks import real, whole
 from lbtrain.collective import agree
 from lbtrain.comm import Communicator
 from lbtrain.emulation import Slowdown
@@ -93,7 +94,7 @@ def plan_for(
         The BalancePlan; pass it to `balanced_loader`.
     """
 
-    caps = _check_arguments(comm, model, sample, global_batch, policy, min_batch, caps)
+    caps = _check_arguments(comm, model, sample, global_batch, policy, min_batch, caps, time_budget)
     device = next(model.parameters(), torch.empty(0)).device
 
     def make_batch(size: int, where: torch.device) -> tuple[Any, Any]:
@@ -117,9 +118,15 @@ def _check_arguments(
     policy: str,
     min_batch: int,
     caps: Sequence[int | None] | None,
+    time_budget: float,
 ) -> Sequence[int | None] | None:
     """Refuse bad arguments on every rank alike, and arguments that differ between ranks;
     `caps` read once (a generator)."""
+    if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
+        # Before the checks below, which meet the other ranks through it.
+        raise TypeError(
+            f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
+        )
 
     def check() -> int:
         try:
@@ -128,6 +135,15 @@ def _check_arguments(
             raise ValueError(str(exc)) from None
         if policy not in POLICIES:
             raise ValueError(f"policy={policy!r} must be one of {', '.join(POLICIES)}")
+        try:
+            budget = real("time_budget", time_budget)
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+        if not (math.isfinite(budget) and budget > 0):
+            raise ValueError(
+                f"time_budget={time_budget!r} must be a positive number of seconds (each "
+                "rank's profiling, about), e.g. 10"
+            )
         if not isinstance(model, nn.Module):
             raise ValueError(f"model={model!r:.60} is not an nn.Module")
         rows = _rows(sample)

@@ -5,9 +5,10 @@ this keeps the arithmetic of the loss reductions: the samples (or counted units)
 rank and of the world since the last sync, the factor on the way back from the outputs,
 and the weight the buckets carry into the sum.
 
-- "mean" over one batch per sync: the factor is b_i / B and the buckets are summed as they
-  are; accumulating, each micro-batch's mean is multiplied back to a sum (b_i), and the sync
-  divides by the window's global samples.
+- "mean": each batch's factor is its own b_i / B and the buckets are summed as they are,
+  accumulating too: k micro-batches give the sum of the k gradients one process computes
+  on their global batches, as DDP and one process accumulate (a loss divided by k gives
+  their mean).
 - "sum": the factor is 1 and the buckets are summed as they are.
 - "count": like "mean", over the units each rank names with `set_loss_count` (known only at
   backward, so the factor and the weight are decided then).
@@ -54,11 +55,10 @@ class StepWeights:
         """The sync is done: the next window starts empty."""
         self.window, self._seen = [0.0, 0.0], set()
 
-    def factor(self, single: bool) -> float | None:
+    def factor(self) -> float | None:
         """What this batch's gradient is multiplied by on its way back from the outputs.
 
-        `single`: the window is this one batch, synced now. None: decided when backward
-        starts (a count given after the forward).
+        None: decided when backward starts (a count given after the forward).
         """
         if self.weighting == "uniform":
             return 1.0 / self.comm.size
@@ -66,9 +66,9 @@ class StepWeights:
             return 1.0
         if self.loss_reduction == "count":
             return None
-        if single:
-            return self.loader.weight  # one batch per sync: b_i / B, nothing left to scale
-        return float(self.loader.samples)  # accumulating: sums now, / total samples at the sync
+        # Each batch by its own share b_i / B, accumulating too: the sum over micro-batches
+        # is then the sum one process accumulates, whatever their sizes.
+        return self.loader.weight
 
     def arm(self, single: bool) -> tuple[float, bool]:
         """The sync's bucket weight, and whether the gradients already carry it."""
@@ -77,9 +77,11 @@ class StepWeights:
             return self.armed
         own, total = self.window
         if self.weighting == "uniform" or self.loss_reduction == "sum" or single:
-            self.armed = ((self.factor(single) or 0.0) if own else 0.0, True)
+            self.armed = ((self.factor() or 0.0) if own else 0.0, True)
         else:
-            self.armed = ((1.0 / total if own else 0.0), False)
+            # Accumulated "mean": every micro-batch carried its own share already; the
+            # weight only says whether this rank had samples in the window (0: zeros).
+            self.armed = ((own / total if own else 0.0), True)
         return self.armed
 
     def seen(self, token: int) -> None:

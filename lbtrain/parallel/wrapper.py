@@ -202,10 +202,13 @@ class BalancedDataParallel(nn.Module):
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally; the next backward outside syncs them all.
 
-        Exact with any micro-batches: each micro-batch's gradient is weighted by its share
-        of all the samples since the last sync, so k micro-steps and one sync equal one
-        process's step on their union. (Accumulating without `no_sync`, a backward and a
-        sync per micro-batch, is exact too: each sync adds only what came since the last.)
+        Exact with any micro-batches, as DDP's: each micro-batch's gradient is weighted by
+        its own share b_i / B of its global batch, so after k micro-batches the gradients
+        are the sum one process accumulates running the same loop on the global batches.
+        Divide the loss by k, as with DDP, for their mean. (Accumulating without `no_sync`,
+        a backward and a sync per micro-batch, gives the same: each sync adds only what came
+        since the last.) With `loss_reduction="count"` the window is one mean over every
+        rank's units since the last sync.
         """
         previous, self._require_sync = self._require_sync, False
         try:
@@ -234,7 +237,7 @@ class BalancedDataParallel(nn.Module):
                 outputs = self.module(*inputs, **kwargs)
         else:
             outputs = self.module(*inputs, **kwargs)
-        factor = 0.0 if own == 0 else self.weights.factor(self._single())
+        factor = 0.0 if own == 0 else self.weights.factor()
         if self._require_sync:
             self._arm()
         return mark(outputs, factor, self, self._counted, leaf=leaf)

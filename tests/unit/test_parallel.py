@@ -48,6 +48,52 @@ def test_the_loops_ddp_users_have_match_one_process(sizes, mode):
     assert lines[0].startswith("wrapper exactness ok")
 
 
+def _penalised(comm, sizes: list[int], on_share: bool) -> float:
+    """Two epochs of a loop whose loss adds a penalty on the parameters (with the rank's
+    share on it, or not); the largest difference from one process's parameters."""
+    from lbtrain.data import epoch_schedule
+    from tests.mpi.scripts.exactness import EPOCHS, NUM_SAMPLES, flat_params, make_optimizer
+    from tests.mpi.scripts.exactness import make_data as linear_data
+    from tests.mpi.scripts.exactness import make_model as linear_model
+
+    inputs, targets = linear_data()
+    data = TensorDataset(inputs, targets)
+    plan = _plan(sizes)
+    loader = balanced_loader(plan, data, rank=comm.rank, seed=3)
+    model, reference = BalancedDataParallel(linear_model(), comm, loader), linear_model()
+    optimizer, one = make_optimizer(model), make_optimizer(reference)
+
+    def penalty(net: nn.Module) -> torch.Tensor:
+        return 0.05 * sum(p.square().sum() for p in net.parameters())
+
+    for epoch in range(EPOCHS):
+        loader.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            share = loader.weight if on_share else 1.0
+            (nn.functional.cross_entropy(model(x), y) + share * penalty(model)).backward()
+            optimizer.step()
+        perm = loader.batch_sampler.permutation()
+        for begin, end, _ in epoch_schedule(NUM_SAMPLES, plan):
+            batch = perm[begin:end]
+            one.zero_grad()
+            loss = nn.functional.cross_entropy(reference(inputs[batch]), targets[batch])
+            (loss + penalty(reference)).backward()
+            one.step()
+    return (flat_params(model.module) - flat_params(reference)).abs().max().item()
+
+
+@pytest.mark.parametrize("sizes", [[5, 11, 48], [20, 0, 44]])
+def test_a_penalty_on_the_parameters_is_exact_with_the_share_on_it(sizes):
+    """A loss term that is not from the outputs is not scaled by the wrapper: with
+    `loader.weight` on it (docs/library.md, "The loss") the update is one process's; without,
+    every rank adds it whole and the run misses."""
+    exact = _values(run_ranks(3, lambda comm: _penalised(comm, sizes, True), timeout=60))
+    plain = _values(run_ranks(3, lambda comm: _penalised(comm, sizes, False), timeout=60))
+    assert max(exact) < 1e-10, exact
+    assert min(plain) > 1e-3, plain
+
+
 @pytest.mark.parametrize(
     "case", ["5,11,48", "20,0,44", "1,20,43", "5,11,48:resnet", "20,0,44:resnet"]
 )
@@ -523,6 +569,10 @@ def test_plan_for_profiles_the_real_model_on_every_rank():
         ({"global_batch": 2.5}, "global_batch=2.5"),
         ({"policy": "fast"}, "policy='fast' must be one of"),
         ({"sample": (torch.zeros(0, 4), torch.zeros(0))}, "sample must be one batch"),
+        # Its own parameter's name and value, not the command line's flag at 75% of it.
+        ({"time_budget": -1}, "time_budget=-1 must be a positive number of seconds"),
+        ({"time_budget": float("nan")}, "time_budget=nan must be a positive number"),
+        ({"time_budget": "10"}, "time_budget='10' (str) is not a number"),
     ],
 )
 def test_plan_for_refuses_bad_arguments_before_profiling(kwargs, message):
@@ -535,6 +585,12 @@ def test_plan_for_refuses_bad_arguments_before_profiling(kwargs, message):
     } | kwargs
     with pytest.raises(CollectiveError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan_for(**arguments)
+
+
+def test_plan_for_without_a_communicator_says_which_to_pass():
+    sample = (torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(TypeError, match="comm=None is not a communicator; pass lbtrain.world_"):
+        plan_for(nn.Linear(4, 2), nn.CrossEntropyLoss(), sample, None, 8)
 
 
 def test_the_ddp_hook_state_wants_a_balanced_loader():

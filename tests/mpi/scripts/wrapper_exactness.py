@@ -8,15 +8,16 @@ CASE is SHARES[:MODE][@DEVICES], e.g. 20,0,44:accumulate@cuda:0,cpu,cpu; or `pro
 naming it, and the job ends). The loop is the plain DDP one, `loss_fn(model(x),
 y).backward()` and `optimizer.step()`, with no branch for a zero share. MODE: "overlap" (the
 default), "plain" (no overlap), "accumulate" (two loader batches per optimizer step, under
-`no_sync`), "accumulate-sync" (the same without `no_sync`: a backward and a sync per
-micro-batch), "two-backward" (two losses, each backpropagated through one forward), "sum"
-(a loss summed over the samples, `loss_reduction="sum"`), "count" (a loss averaged over
-counted units, 1 to 3 per sample, `loss_reduction="count"`) or "ddp-hook" (stock
-DistributedDataParallel with `weighted_allreduce_hook`, over torch.distributed with gloo:
-the job's process group under torchrun, else one made for the check from a file every rank
-sees). `bn/CASE` runs bn_exactness.py's CASE (a model with BatchNorm), `ddp-misuse/CASE`
-ddp_hook_misuse.py's (a loader the DDP hook must refuse). A second model with
-DDP's 1/P average is trained alongside and must visibly miss, which shows the comparison can fail.
+`no_sync`, each loss divided by 2 as DDP scripts do), "accumulate-sync" (the same without
+`no_sync`: a backward and a sync per micro-batch), "two-backward" (two losses, each
+backpropagated through one forward), "sum" (a loss summed over the samples,
+`loss_reduction="sum"`), "count" (a loss averaged over counted units, 1 to 3 per sample,
+`loss_reduction="count"`) or "ddp-hook" (stock DistributedDataParallel with
+`weighted_allreduce_hook`, over torch.distributed with gloo: the job's process group under
+torchrun, else one made for the check from a file every rank sees). `bn/CASE` runs
+bn_exactness.py's CASE (a model with BatchNorm), `ddp-misuse/CASE` ddp_hook_misuse.py's (a
+loader the DDP hook must refuse). A second model with DDP's 1/P average is trained alongside
+and must visibly miss, which shows the comparison can fail.
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def check(
     reference = models[2]
     optimizers = [make_optimizer(m) for m in models]
     every = 2 if mode.startswith("accumulate") else 1
+    # Under no_sync, the DDP idiom: each micro-batch's loss divided by their number.
+    divide = every if mode == "accumulate" else 1
 
     for epoch in range(EPOCHS):
         loader.set_epoch(epoch)
@@ -131,22 +134,28 @@ def check(
                     (outputs**2).mean().backward()
                     optimizer.step()
                 elif last or mode == "ddp-hook":
-                    _loss(mode, model(x), y, _units(index).to(device)).backward()
+                    (_loss(mode, model(x), y, _units(index).to(device)) / divide).backward()
                     optimizer.step()
                 else:
                     with model.no_sync():
-                        _loss(mode, model(x), y, _units(index).to(device)).backward()
+                        (_loss(mode, model(x), y, _units(index).to(device)) / divide).backward()
         perm = loader.batch_sampler.permutation()
         schedule = epoch_schedule(NUM_SAMPLES, plan)
         for first in range(0, len(schedule), every):
             group = schedule[first : first + every]
-            batch = perm[group[0][0] : group[-1][1]]
+            # Accumulating under no_sync, one process runs the same loop: a backward per
+            # micro-batch (unequal ones in the epoch's last group), the loss divided by
+            # their number. Otherwise one batch: the union, as the user's loss scales it.
+            bounds = [(begin, end) for begin, end, _ in group]
+            pieces = bounds if mode == "accumulate" else [(group[0][0], group[-1][1])]
             optimizers[2].zero_grad()
-            outputs = reference(inputs[batch])
-            loss = _loss(mode, outputs, targets[batch], _units(indices[batch]))
-            loss.backward(retain_graph=mode == "two-backward")
-            if mode == "two-backward":
-                (outputs**2).mean().backward()
+            for begin, end in pieces:
+                batch = perm[begin:end]
+                outputs = reference(inputs[batch])
+                loss = _loss(mode, outputs, targets[batch], _units(indices[batch])) / divide
+                loss.backward(retain_graph=mode == "two-backward")
+                if mode == "two-backward":
+                    (outputs**2).mean().backward()
             optimizers[2].step()
 
     exact_diff = (flat_params(models[0]).cpu() - flat_params(reference)).abs().max().item()
