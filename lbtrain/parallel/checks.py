@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from lbtrain.balancer.checks import flag
 from lbtrain.collective import agree
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
@@ -80,8 +81,14 @@ def check_arguments(
     loader: BalancedLoader,
     weighting: str,
     loss_reduction: str,
+    flags: dict[str, object] | None = None,
 ) -> None:
-    """Refuse a wrong module, loader, weighting or loss reduction (ValueError)."""
+    """Refuse a wrong module, loader, weighting, loss reduction or flag (ValueError)."""
+    for name, value in (flags or {}).items():
+        try:
+            flag(name, value)  # "no" is true to Python: refused rather than read
+        except TypeError as exc:  # agree() carries ValueErrors to every rank
+            raise ValueError(str(exc)) from None
     if not isinstance(module, nn.Module):
         raise ValueError(f"module={module!r:.60} is not an nn.Module; pass the model to wrap")
     if not isinstance(loader, BalancedLoader):
@@ -115,14 +122,16 @@ def check_setup(
     loader: BalancedLoader,
     weighting: str,
     loss_reduction: str,
+    flags: dict[str, object] | None = None,
 ) -> None:
     """The wrapper's checks at construction (collective): a communicator, arguments that
-    are right on every rank, and one sampler setup on all of them."""
+    are right on every rank (`flags` by name: each must be a bool), and one sampler setup
+    on all of them."""
     if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
         # Before the checks below, which meet the other ranks through it.
         raise TypeError(
             f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
         )
-    agree(comm, lambda: check_arguments(module, comm, loader, weighting, loss_reduction))
+    agree(comm, lambda: check_arguments(module, comm, loader, weighting, loss_reduction, flags))
     rows = comm.allgather(fingerprint(loader.batch_sampler))
     agree(comm, lambda: raise_if(disagreement(rows)), name_rank=False)

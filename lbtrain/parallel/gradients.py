@@ -17,7 +17,7 @@ from numbers import Real
 import torch
 from torch import nn
 
-from lbtrain.balancer.checks import real
+from lbtrain.balancer.checks import flag, real
 from lbtrain.comm import Communicator
 from lbtrain.parallel.buckets import (
     DEFAULT_BUCKET_MB,
@@ -106,7 +106,10 @@ class GradientSync:
             bucket_mb = OVERLAP_BUCKET_MB if overlap else DEFAULT_BUCKET_MB
         if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, Real) or not bucket_mb > 0:
             raise ValueError(f"bucket_mb={bucket_mb!r} must be a positive number of MiB")
-        params = list(model.parameters() if isinstance(model, nn.Module) else model)
+        try:
+            params = list(model.parameters() if isinstance(model, nn.Module) else model)
+        except TypeError:  # None, a number: not iterable
+            params = [model]
         if not all(isinstance(p, torch.Tensor) for p in params):
             raise TypeError(
                 f"model={model!r:.60} is not a module or its parameters: pass an nn.Module or "
@@ -114,8 +117,10 @@ class GradientSync:
             )
         self.signature = layout_signature(params, float(bucket_mb))
         self.comm = comm
-        self.overlap = bool(overlap)
-        self.progress = bool(progress)
+        self.overlap = flag("overlap", overlap)
+        self.progress = flag("progress", progress)
+        if stage is not None:
+            flag("stage", stage)
         self.buckets = [Bucket(group) for group in sync_layout(params, float(bucket_mb))]
         self.stagers: list[Stager | None] = [make_stager(b.flat, comm, stage) for b in self.buckets]
         self._where = {

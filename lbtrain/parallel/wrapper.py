@@ -140,7 +140,13 @@ class BalancedDataParallel(nn.Module):
         loss_reduction: str = "mean",
     ) -> None:
         super().__init__()
-        check_setup(module, comm, loader, weighting, loss_reduction)
+        flags = {
+            "overlap": overlap,
+            "broadcast_buffers": broadcast_buffers,
+            "sync_in_backward": sync_in_backward,
+            "sync_batchnorm": sync_batchnorm,
+        }
+        check_setup(module, comm, loader, weighting, loss_reduction, flags)
         # An engine whose transport depends on the devices (torch.distributed: NCCL only where
         # every rank is on a GPU) picks it now, unless the job already did (the trainer).
         device = next(module.parameters(), torch.empty(0)).device
@@ -151,13 +157,10 @@ class BalancedDataParallel(nn.Module):
             module = convert_sync_batchnorm(module, comm)
         check_same_model(module, comm)
         broadcast_tensors([*module.parameters(), *module.buffers()], comm, root=0)
-        self.module = module
-        self.comm = comm
-        self.loader = loader
+        self.module, self.comm, self.loader = module, comm, loader
         self.broadcast_buffers = bool(broadcast_buffers)
         self.sync_in_backward = bool(sync_in_backward)
-        self.weighting = weighting
-        self.loss_reduction = loss_reduction
+        self.weighting, self.loss_reduction = weighting, loss_reduction
         layers = [layer for _, layer in sync_batchnorm_layers(module)]
         self.gradients = _gradient_sync(module, comm, device, bool(layers), overlap, bucket_mb)
         self._layers = layers

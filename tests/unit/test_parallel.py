@@ -6,6 +6,7 @@ tests/mpi/test_exactness.py runs the same checks under mpiexec and torchrun (rea
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 
 import pytest
@@ -585,6 +586,28 @@ def test_plan_for_refuses_bad_arguments_before_profiling(kwargs, message):
     } | kwargs
     with pytest.raises(CollectiveError, match=message.replace("(", r"\(").replace(")", r"\)")):
         plan_for(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"overlap": "yes"}, "overlap='yes' (str) must be True or False"),
+        ({"sync_batchnorm": 1}, "sync_batchnorm=1 (int) must be True or False"),
+        ({"sync_in_backward": "no"}, "sync_in_backward='no' (str) must be True or False"),
+    ],
+)
+def test_the_wrappers_flags_must_be_bools(kwargs, message):
+    """A string "no" is true to Python: a flag that is not a bool is refused, not read."""
+    from lbtrain.parallel.gradients import GradientSync
+
+    comm = SingleProcessCommunicator()
+    loader = balanced_loader(plan_batches([1.0], 4, "proportional"), _toy(), rank=0)
+    with pytest.raises(CollectiveError, match=re.escape(message)):
+        BalancedDataParallel(nn.Linear(4, 2), comm, loader, **kwargs)
+    with pytest.raises(TypeError, match=re.escape("overlap='no' (str) must be True or False")):
+        GradientSync(nn.Linear(4, 2), comm, overlap="no")
+    with pytest.raises(TypeError, match="model=None is not a module or its parameters"):
+        GradientSync(None, comm)
 
 
 def test_plan_for_without_a_communicator_says_which_to_pass():
