@@ -371,6 +371,10 @@ def sync_gradients(
             `weight` is still this rank's b_i / B, checked but not applied.
     """
     check_weight(weight)
+    if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
+        raise TypeError(
+            f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
+        )
     if not isinstance(model, nn.Module):
         check_weights_agree(weight, comm)
         GradientSync(model, comm, bucket_mb=bucket_mb).sync(weight, prescaled=prescaled)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from lbtrain import BalancedDataParallel, balanced_loader, plan_batches, plan_for
+from lbtrain import BalancedDataParallel, balanced_loader, plan_batches, plan_for, sync_gradients
 from lbtrain.collective import CollectiveError
 from lbtrain.comm import SingleProcessCommunicator, run_ranks
 from lbtrain.parallel.checks import shared_autograd_thread
@@ -608,6 +608,8 @@ def test_the_wrappers_flags_must_be_bools(kwargs, message):
         GradientSync(nn.Linear(4, 2), comm, overlap="no")
     with pytest.raises(TypeError, match="model=None is not a module or its parameters"):
         GradientSync(None, comm)
+    with pytest.raises(TypeError, match="comm=None is not a communicator; pass lbtrain.world_"):
+        sync_gradients(nn.Linear(4, 2), 1.0, None)
 
 
 def test_plan_for_without_a_communicator_says_which_to_pass():
