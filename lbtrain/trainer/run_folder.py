@@ -32,6 +32,7 @@ from lbtrain.trainer.resume import AUTO, recipe_differences
 
 __all__ = [
     "RUN_FILES",
+    "check_named_outputs",
     "discard_reserved",
     "hold_run_folder",
     "prepare_out",
@@ -51,6 +52,30 @@ RUN_FILES = (
     "profiles.json",
     CHECKPOINT_DIR,
 )
+
+
+def check_named_outputs(config: TrainConfig, outputs: Iterable[str]) -> None:
+    """The trace and the TensorBoard folder clear of the files the run writes itself (and
+    of each other): a trace named profiles.json replaced the run's profiles, one named
+    summary.json was replaced by the summary, and a TensorBoard folder named so failed
+    after training. Before any work, on every rank alike (ValueError)."""
+    reserved = {*RUN_FILES, *outputs, LOCK_FILE}
+    named = {"trace": config.trace, "tensorboard": config.tensorboard}
+    for name, value in named.items():
+        first = Path(value).parts[0] if value else None
+        if first in reserved:
+            example = "trace.json" if name == "trace" else "tensorboard"
+            raise ValueError(
+                f"{name}={value!r} names {first}, which the run writes itself; name another "
+                f"path inside the run folder, such as {example}"
+            )
+    if config.trace and config.tensorboard:
+        trace, board = Path(config.trace), Path(config.tensorboard)
+        if trace == board or board in trace.parents or trace in board.parents:
+            raise ValueError(
+                f"trace={config.trace!r} and tensorboard={config.tensorboard!r} overlap; "
+                "name them apart, such as trace.json and tensorboard"
+            )
 
 
 def prepare_out(config: TrainConfig, checkpoint: dict[str, Any] | None) -> tuple[str, bool]:

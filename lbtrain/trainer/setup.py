@@ -30,7 +30,7 @@ from lbtrain.trainer.data_check import check_same_data, data_identity
 from lbtrain.trainer.initial_plan import make_plan, plan_notes
 from lbtrain.trainer.optim import build_optimizer
 from lbtrain.trainer.resume import check_trainable, read_checkpoint, worlds_of
-from lbtrain.trainer.run_folder import prepare_out
+from lbtrain.trainer.run_folder import check_named_outputs, prepare_out
 from lbtrain.workloads import Workload
 
 __all__ = ["Setup", "set_up"]
@@ -165,6 +165,7 @@ def _build_workload(
     rank's device, host, threads and slowdown."""
     workload = build_workload(comm, config.workload, config.seed, config.workload_options)
     agree(comm, lambda: check_trainable(workload, config, comm.size, checkpoint))
+    agree(comm, lambda: check_named_outputs(config, workload.outputs))
     built = comm.allgather(data_identity(workload))
     agree(comm, lambda: check_same_data(built))
     devices = comm.allgather(

@@ -357,8 +357,22 @@ def test_curves_off_leaves_the_picture_out_and_keeps_the_figures(tmp_path):
         (["--tensorboard", "../tb"], "--tensorboard '../tb' must name a path inside"),
         (["--divergence", "maybe"], "--divergence"),
         (["--curves", "maybe"], "--curves"),
+        # A run file's name: the trace replaced profiles.json (or summary.json replaced the
+        # trace), and a TensorBoard folder named so failed after training.
+        (["--trace", "profiles.json"], "--trace 'profiles.json' names profiles.json, which"),
+        (["--tensorboard", "./summary.json"], "--tensorboard './summary.json' names summary"),
+        (["--tensorboard", "tb", "--trace", "tb/t.json"], "--trace 'tb/t.json' and --tensor"),
     ],
-    ids=["trace-absolute", "trace-suffix", "tensorboard-outside", "divergence", "curves"],
+    ids=[
+        "trace-absolute",
+        "trace-suffix",
+        "tensorboard-outside",
+        "divergence",
+        "curves",
+        "trace-a-run-file",
+        "tensorboard-a-run-file",
+        "trace-in-tensorboard",
+    ],
 )
 def test_bad_view_settings_are_one_line_before_any_work(tmp_path, args, needle):
     job = lbtrain_ranks(2, *faulty("--epochs", "1", "--out", str(tmp_path / "run")), *args)
