@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lbtrain.cli.common import add_backend_argument, add_workload_options
-from lbtrain.cli.flags import HelpFormatter, add_settings, flag, translate
+from lbtrain.cli.flags import SEED_LIMIT, HelpFormatter, add_settings, flag, translate
 from lbtrain.collective import agree, root_value
 from lbtrain.comm import Communicator
 from lbtrain.comm.launchers import shared_store_hazard
@@ -121,6 +121,7 @@ def build_config(
     layers: list[dict[str, Any]] = [dict(base or {})]
     if file is None and "config" in given:
         file = load_toml(given["config"])
+    _check_file_seed(file or {}, given.get("config", "the settings file"))
     layers.append(dict(file or {}))
     # --backend shaped the communicator before the run began: a launch property, not saved.
     layers.append({k: v for k, v in given.items() if k not in ("config", "run", "backend")})
@@ -143,6 +144,17 @@ def build_config(
                 options[key] = option.type(value)
     merged["workload_options"] = options
     return TrainConfig.from_dict(merged, source=given.get("config", "settings")).validate()
+
+
+def _check_file_seed(file: dict[str, Any], source: str) -> None:
+    """A file's seed within what --seed takes (the library keeps a resumed run's any seed;
+    numpy's generators, which the workloads seed, take 0 to 2^32 - 1)."""
+    seed = file.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_LIMIT:
+        raise ValueError(
+            f"seed = {seed!r} in {source} must be a whole number from 0 to {SEED_LIMIT} "
+            "(2^32 - 1), as --seed takes"
+        )
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:

@@ -309,6 +309,18 @@ def test_an_unknown_key_in_a_config_file_lists_the_keys_as_a_file_spells_them(ca
     assert "--" not in keys  # snake case, as in the file: not the flags' names
 
 
+@pytest.mark.parametrize("seed", ["-1", "8589934592", '"7"'])
+def test_a_config_files_seed_is_checked_as_the_flag_is(capsys, tmp_path, seed):
+    """--seed takes 0 to 2^32 - 1; a file's seed above went through, one below failed in
+    numpy with a line that named neither the setting nor the file."""
+    config = tmp_path / "run.toml"
+    config.write_text(f"seed = {seed}\nglobal_batch = 32\n", encoding="utf-8")
+    code, out, err = run(["train", "--config", str(config)], capsys)
+    assert code == 2 and out == ""
+    (line,) = err.strip().splitlines()
+    assert f"in {config} must be a whole number from 0 to 4294967295" in line, line
+
+
 def test_help_of_a_workload_that_does_not_load_says_why_its_options_are_missing(capsys):
     with pytest.raises(SystemExit) as info:
         main(["train", "--workload", "no_such_module_here:workload", "--help"])
