@@ -64,7 +64,10 @@ def read_checkpoint(resume: str | None, out: str | None = None) -> dict[str, Any
         found = list_checkpoints(Path(out or ".") / CHECKPOINT_DIR)
         if not found:
             return None  # nothing to continue: the run starts in `out`
-        path, state = _newest_readable(found)
+        path, state, damaged = _newest_readable(found)
+        # Moved aside once the run starts (`set_aside_damaged`): a command refused before
+        # then (another recipe in `out`) leaves the folder as it was.
+        state["damaged"] = [str(p) for p in damaged]
     else:
         path = find_checkpoint(resume)
         state = load_checkpoint(path)
@@ -78,11 +81,10 @@ def read_checkpoint(resume: str | None, out: str | None = None) -> dict[str, Any
     return state
 
 
-def _newest_readable(found: list[Path]) -> tuple[Path, dict[str, Any]]:
+def _newest_readable(found: list[Path]) -> tuple[Path, dict[str, Any], list[Path]]:
     """The newest of a run's checkpoints that reads, for `resume=auto`: a restart goes on by
-    itself past a damaged newest one (a disk's fault; the writes are atomic), which is
-    moved aside to `<name>.damaged` with one warning, so the run's list stays in order.
-    When none reads, the newest's error."""
+    itself past a damaged newest one (a disk's fault; the writes are atomic); and the
+    damaged ones newer than it. When none reads, the newest's error."""
     first: ValueError | None = None
     for path in reversed(found):
         try:
@@ -90,17 +92,25 @@ def _newest_readable(found: list[Path]) -> tuple[Path, dict[str, Any]]:
         except ValueError as exc:
             first = first or exc
             continue
-        for damaged in found[found.index(path) + 1 :]:
-            aside = damaged.with_name(damaged.name + ".damaged")
-            damaged.replace(aside)
-            warnings.warn(
-                f"checkpoint {str(damaged)!r} cannot be read; continuing from {str(path)!r} "
-                f"instead (the damaged one is kept as {aside.name})",
-                stacklevel=1,
-            )
-        return path, state
+        return path, state, found[found.index(path) + 1 :]
     assert first is not None
     raise first
+
+
+def set_aside_damaged(checkpoint: dict[str, Any] | None) -> None:
+    """Move the damaged checkpoints a `resume=auto` run went past to `<name>.damaged`, with
+    one warning each, so the run's list stays in order; on rank 0, as the run starts."""
+    if checkpoint is None:
+        return
+    for name in checkpoint.get("damaged", []):
+        damaged = Path(name)
+        aside = damaged.with_name(damaged.name + ".damaged")
+        damaged.replace(aside)
+        warnings.warn(
+            f"checkpoint {name!r} cannot be read; continuing from {checkpoint['path']!r} "
+            f"instead (the damaged one is kept as {aside.name})",
+            stacklevel=1,
+        )
 
 
 def recipe_differences(config: TrainConfig, saved: dict[str, Any]) -> list[str]:

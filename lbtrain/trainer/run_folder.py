@@ -166,10 +166,12 @@ def _check_out(
         raise ValueError(f"out {str(out)!r} is a file, not a folder; name a folder")
     same_run = resumed_run is not None and out.resolve() == resumed_run
     if same_run:
+        # Less the damaged ones resume=auto went past (moved aside as the run starts).
+        damaged = {Path(p).resolve() for p in checkpoint.get("damaged", [])}  # type: ignore[union-attr]
         newer = [
             p.name
             for p in list_checkpoints(out / CHECKPOINT_DIR)
-            if p.name > Path(checkpoint["path"]).name  # type: ignore[index]
+            if p.name > Path(checkpoint["path"]).name and p.resolve() not in damaged  # type: ignore[index]
         ]
         if newer:
             raise ValueError(

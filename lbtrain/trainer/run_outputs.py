@@ -24,6 +24,7 @@ from lbtrain.outputs import atomic_write_text
 from lbtrain.profiling.record import profiles_to_dict
 from lbtrain.text import plural
 from lbtrain.trainer.config import save_toml
+from lbtrain.trainer.resume import set_aside_damaged
 from lbtrain.trainer.run_folder import release_run_folder, start_run_folder
 from lbtrain.trainer.summary import device_label
 from lbtrain.viz.records import MetricsStream, truncate_after
@@ -82,6 +83,7 @@ def open_run(setup: Setup, outputs: RunOutputs) -> Iterator[RunOutputs]:
 def _start(setup: Setup, outputs: RunOutputs) -> None:
     out, plan, config, checkpoint = setup.out, setup.plan, setup.config, setup.checkpoint
     lock = start_run_folder(out, setup.given, setup.clear, setup.workload.outputs)
+    set_aside_damaged(checkpoint)
     # With a plan file, its policy and smallest batch are what apply: the recipe says so.
     if config.plan:
         config = replace(config, policy=plan.policy, min_batch=plan.min_batch)

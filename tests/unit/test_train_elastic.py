@@ -161,6 +161,12 @@ def test_auto_goes_on_past_a_damaged_newest_checkpoint_and_refuses_when_none_rea
     assert _train(_config(run), ranks=1) == [0]
     older, newest = list_checkpoints(run / "checkpoints")  # epochs 3 and 4, the end
     _damage(newest)
+    # Another recipe in the folder is refused, and a refused command changes nothing there:
+    # the damaged checkpoint is moved aside only once a run starts.
+    files = sorted(p.name for p in (run / "checkpoints").iterdir())
+    with pytest.raises(CollectiveError, match="holds another run"):
+        _train(_config(run, epochs=EPOCHS + 1), ranks=1)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == files
     with pytest.warns(UserWarning, match=f"checkpoint '{newest}' cannot be read; continuing"):
         assert _train(_config(run), ranks=1) == [0]
     # From epoch 3's checkpoint: epoch 4 again, on the same batches.
