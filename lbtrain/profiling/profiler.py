@@ -109,6 +109,14 @@ class ProfileConfig:
             or self.reference_batch < 1
         ):
             raise ValueError(f"--reference-batch {self.reference_batch!r} must be >= 1")
+        if self.reference_batch is not None and self.batch_sizes is None and len(self.ladder()) < 2:
+            # Far above --max-batch, every rung clamps to it: one batch, no fixed cost.
+            raise ValueError(
+                f"--reference-batch {self.reference_batch} leaves one batch size to time "
+                f"({self.ladder()[0]}, within --min-batch {self.min_batch} and --max-batch "
+                f"{self.max_batch}): a line needs two; give a reference batch of at most "
+                f"--max-batch, or raise --max-batch"
+            )
 
     def ladder(self) -> tuple[int, ...]:
         """The batch sizes to try, increasing.

@@ -281,6 +281,7 @@ def test_default_ladder_doubles_and_ends_at_max_batch():
         {"time_budget": float("nan")},
         {"warmup": -1},
         {"reference_batch": 0},
+        {"reference_batch": 100_000_000},  # every rung clamped to max_batch: one batch
     ],
 )
 def test_profile_config_rejects_bad_values(kwargs):
