@@ -225,7 +225,7 @@ def load_run(folder: str | os.PathLike[str]) -> Run:
         # A resumed run that went on after a stop is no longer stopped.
         stop=stops[-1] if stops and records[-1]["type"] == "stop" else None,
         ended=bool(records) and records[-1]["type"] == "end",
-        summary=_checked(path / "summary.json", "run summary", _SUMMARY_FIELDS),
+        summary=_checked(path / "summary.json", "run summary", _SUMMARY_FIELDS, _SUMMARY_CORE),
         files=_files(path),
         writer=_writer(path),
     )
@@ -301,6 +301,8 @@ def _json(path: Path, what: str) -> dict[str, Any] | None:
 
 _NUMBER = (int, float)
 # The fields a reader uses, and what each must be where present (null counts as absent).
+# What every summary lbtrain writes holds, whatever the run.
+_SUMMARY_CORE = ("world_size", "wall_seconds", "epochs_run", "steps")
 _SUMMARY_FIELDS: dict[str, tuple[type, ...]] = {
     "metrics": (dict,),
     "ranks": (list,),
@@ -335,11 +337,18 @@ _PLAN_FIELDS: dict[str, tuple[type, ...]] = {
 }
 
 
-def _checked(path: Path, what: str, fields: dict[str, tuple[type, ...]]) -> dict[str, Any] | None:
-    """The JSON object at `path`, its fields checked against `fields` (a hand edit, say)."""
+def _checked(
+    path: Path, what: str, fields: dict[str, tuple[type, ...]], core: tuple[str, ...] = ()
+) -> dict[str, Any] | None:
+    """The JSON object at `path`, its fields checked against `fields` (a hand edit, say);
+    the `core` ones must be there (a file without them would read as a finished run of 0
+    epochs)."""
     value = _json(path, what)
     if value is None:
         return None
+    missing = [key for key in core if value.get(key) is None]
+    if missing:
+        raise _damaged(path, f"it lacks {', '.join(repr(k) for k in missing)}")
     for key, kinds in fields.items():
         field = value.get(key)
         if field is not None and (isinstance(field, bool) or not isinstance(field, kinds)):

@@ -445,11 +445,13 @@ def _edited(file: str, edit) -> object:
         ("show", _damaged_line, ("metrics.jsonl:2: not a JSON line", "delete that line")),
         ("compare", lambda tmp, runs: str(tmp / "nope"), ("does not exist",)),
         ("show", lambda tmp, runs: str(runs["scene"].parent), ("holds runs", "scene")),
+        # Read as a finished run of 0 epochs, exit 0:
+        ("show", _edited("summary.json", lambda d: {"a": None}), ("lacks 'world_size'",)),
     ],
     ids=[
         *("ranks-not-a-list", "policy-not-a-string", "epoch-not-a-count", "metrics-not-an-object"),
         *("missing", "not-a-run", "damaged-json", "damaged-jsonl", "compare-missing"),
-        "runs-parent",
+        *("runs-parent", "summary-without-its-fields"),
     ],
 )
 def test_bad_run_folders_are_one_line_naming_the_path(runs, tmp_path, capsys, verb, make, needles):
