@@ -239,8 +239,9 @@ def parse_slowdowns(text: str | Sequence[float] | None, world_size: int) -> tupl
         )
     for rank, factor in enumerate(factors):
         if not math.isfinite(factor) or factor <= 0:
+            what = "not finite" if math.isinf(factor) else "not positive"
             raise ValueError(
-                f"--emulate-slowdown factor {factor:g} for rank {rank} is not positive; "
+                f"--emulate-slowdown factor {factor:g} for rank {rank} is {what}; "
                 "factors are how many times slower a rank behaves, e.g. 1,2,4"
             )
         if factor < 1:

@@ -9,6 +9,7 @@ from lbtrain.collective import agree
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.data.sampler import disagreement, fingerprint
+from lbtrain.text import plural
 
 __all__ = ["LOSS_REDUCTIONS", "WEIGHTINGS", "check_arguments", "check_setup"]
 
@@ -99,8 +100,8 @@ def check_arguments(
     plan, rank = loader.plan, loader.batch_sampler.rank
     if plan.world_size != comm.size:
         raise ValueError(
-            f"loader's plan is for {plan.world_size} ranks but the job has {comm.size}; plan "
-            f"again for {comm.size} ranks (lbtrain.plan_for)"
+            f"loader's plan is for {plural(plan.world_size, 'rank')} but the job has "
+            f"{comm.size}; plan again for {plural(comm.size, 'rank')} (lbtrain.plan_for)"
         )
     if rank != comm.rank:
         raise ValueError(

@@ -182,8 +182,8 @@ def _plan_from(data: Any, config: TrainConfig, world_size: int) -> BalancePlan:
 def _check_plan(plan: BalancePlan, config: TrainConfig, world_size: int) -> None:
     if plan.world_size != world_size:
         raise ValueError(
-            f"plan {config.plan!r} is for {plan.world_size} ranks but the job has {world_size}; "
-            f"launch {plan.world_size} ranks or plan again"
+            f"plan {config.plan!r} is for {plural(plan.world_size, 'rank')} but the job has "
+            f"{world_size}; launch {plural(plan.world_size, 'rank')} or plan again"
         )
     if plan.global_batch_size != config.global_batch:
         raise ValueError(
