@@ -366,7 +366,9 @@ class BalancedDataParallel(nn.Module):
             if epoch != rows[0][0]:
                 raise RuntimeError(
                     f"rank {rank} starts epoch {epoch} and rank 0 epoch {rows[0][0]}: call "
-                    "loader.set_epoch(epoch) with the same epoch on every rank before each epoch"
+                    "loader.set_epoch(epoch) with the same epoch on every rank before each "
+                    "epoch, and run forward and backward on every batch, an empty one too (a "
+                    "loop that skips a rank's empty batch calls model.finish() there)"
                 )
             if plan != rows[0][1]:
                 raise RuntimeError(
