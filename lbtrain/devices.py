@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 
 from lbtrain.comm import Communicator
 from lbtrain.comm.launchers import torchrun_local_rank
+from lbtrain.text import plural
 
 __all__ = [
     "DeviceAssignment",
@@ -148,6 +150,20 @@ def _cpu_set() -> frozenset[int]:
         return frozenset(range(os.cpu_count() or 1))
 
 
+def _warn_oversubscribed(threads: int, layout: NodeLayout, cores: int, default: int) -> None:
+    """One warning per node (its first rank) when the ranks' threads there come to more
+    than twice its cores: each step then waits for descheduled threads (3 ranks of 1,000
+    threads on 2 cores ran 14 times slower), and profiles time the contention."""
+    wanted = threads * layout.local_size
+    if layout.local_rank == 0 and wanted > 2 * cores:
+        warnings.warn(
+            f"--threads {threads} on each of the {plural(layout.local_size, 'rank')} on host "
+            f"{layout.host} is {wanted:,} threads on {plural(cores, 'core')}: oversubscribed "
+            f"threads slow every rank; leave --threads out for {default} a rank",
+            stacklevel=3,
+        )
+
+
 def parse_devices(text: str, world_size: int) -> list[str]:
     """Parse `--devices` into one entry per rank: "auto", "cpu", "cuda" or "cuda:K".
 
@@ -247,6 +263,8 @@ def assign_devices(
         threads = default
     elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"--threads {threads!r} is invalid; give a whole number >= 1")
+    else:
+        _warn_oversubscribed(threads, layout, cores if cores is not None else node_cores(), default)
     return DeviceAssignment(
         rank=comm.rank,
         host=layout.host,

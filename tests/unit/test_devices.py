@@ -139,6 +139,22 @@ def test_assign_devices_with_cuda_count_monkeypatched(monkeypatch):
         assign_devices(comm, "cuda")
 
 
+def test_threads_far_beyond_the_cores_are_one_warning_per_node(recwarn):
+    """3 ranks of 1,000 threads on 2 cores ran 14 times slower, and said nothing."""
+    from lbtrain.comm import run_ranks
+
+    def place(comm, threads):
+        return assign_devices(comm, "cpu", threads=threads, cores=2).threads
+
+    assert all(r.value == 1000 for r in run_ranks(3, lambda comm: place(comm, 1000)))
+    shown = [str(w.message) for w in recwarn if "oversubscribed" in str(w.message)]
+    assert len(shown) == 1 and "is 3,000 threads on 2 cores" in shown[0], shown
+    assert "leave --threads out for 1 a rank" in shown[0]
+    recwarn.clear()
+    run_ranks(2, lambda comm: place(comm, 2))  # 4 threads on 2 cores: no warning
+    assert not [w for w in recwarn if "oversubscribed" in str(w.message)]
+
+
 def test_assign_devices_rejects_bad_thread_counts():
     with pytest.raises(ValueError, match=r"--threads"):
         assign_devices(SingleProcessCommunicator(), "cpu", threads=0)
