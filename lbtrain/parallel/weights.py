@@ -10,8 +10,9 @@ and the weight the buckets carry into the sum.
   on their global batches, as DDP and one process accumulate (a loss divided by k gives
   their mean).
 - "sum": the factor is 1 and the buckets are summed as they are.
-- "count": like "mean", over the units each rank names with `set_loss_count` (known only at
-  backward, so the factor and the weight are decided then).
+- "count": over the units each rank names with `set_loss_count` (known only at backward, so
+  the factor and the weight are decided then); one batch per sync weighs it by n_i / sum n_j,
+  and accumulating, the window is one mean over all of its units.
 - weighting "uniform": DDP's 1/P, for comparisons.
 """
 
@@ -73,7 +74,9 @@ class StepWeights:
     def arm(self, single: bool) -> tuple[float, bool]:
         """The sync's bucket weight, and whether the gradients already carry it."""
         if self.loss_reduction == "count":
-            self.armed = (0.0, True)  # a count comes later, at backward (`late_factor`)
+            # A count comes later, at backward (`late_factor`); DDP's 1/P needs none (it was
+            # left at 0 here, and the buckets were zeroed: the comparison never trained).
+            self.armed = (1.0 / self.comm.size if self.weighting == "uniform" else 0.0, True)
             return self.armed
         own, total = self.window
         if self.weighting == "uniform" or self.loss_reduction == "sum" or single:

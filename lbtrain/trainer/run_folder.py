@@ -59,7 +59,8 @@ def check_named_outputs(config: TrainConfig, outputs: Iterable[str]) -> None:
     of each other): a trace named profiles.json replaced the run's profiles, one named
     summary.json was replaced by the summary, and a TensorBoard folder named so failed
     after training. Before any work, on every rank alike (ValueError)."""
-    reserved = {*RUN_FILES, *outputs, LOCK_FILE}
+    outputs = [Path(o) for o in outputs]
+    reserved = {*RUN_FILES, *(o.parts[0] for o in outputs if o.parts), LOCK_FILE}
     named = {"trace": config.trace, "tensorboard": config.tensorboard}
     for name, value in named.items():
         first = Path(value).parts[0] if value else None

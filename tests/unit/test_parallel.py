@@ -49,9 +49,10 @@ def test_the_loops_ddp_users_have_match_one_process(sizes, mode):
     assert lines[0].startswith("wrapper exactness ok")
 
 
-def _penalised(comm, sizes: list[int], on_share: bool) -> float:
-    """Two epochs of a loop whose loss adds a penalty on the parameters (with the rank's
-    share on it, or not); the largest difference from one process's parameters."""
+def _penalised(comm, sizes: list[int], on_share: bool, reduction: str = "mean") -> float:
+    """Two epochs of a loop whose loss (a mean, or a sum: `reduction`) adds a penalty on the
+    parameters (with the rank's share on it, or not); the largest difference from one
+    process's parameters."""
     from lbtrain.data import epoch_schedule
     from tests.mpi.scripts.exactness import EPOCHS, NUM_SAMPLES, flat_params, make_optimizer
     from tests.mpi.scripts.exactness import make_data as linear_data
@@ -61,7 +62,14 @@ def _penalised(comm, sizes: list[int], on_share: bool) -> float:
     data = TensorDataset(inputs, targets)
     plan = _plan(sizes)
     loader = balanced_loader(plan, data, rank=comm.rank, seed=3)
-    model, reference = BalancedDataParallel(linear_model(), comm, loader), linear_model()
+    model = BalancedDataParallel(linear_model(), comm, loader, loss_reduction=reduction)
+    reference = linear_model()
+
+    def loss_of(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if reduction == "sum":  # a sum (times a constant, for SGD's sake)
+            return nn.functional.cross_entropy(outputs, y, reduction="sum") / 64
+        return nn.functional.cross_entropy(outputs, y)
+
     optimizer, one = make_optimizer(model), make_optimizer(reference)
 
     def penalty(net: nn.Module) -> torch.Tensor:
@@ -72,25 +80,25 @@ def _penalised(comm, sizes: list[int], on_share: bool) -> float:
         for x, y in loader:
             optimizer.zero_grad()
             share = loader.weight if on_share else 1.0
-            (nn.functional.cross_entropy(model(x), y) + share * penalty(model)).backward()
+            (loss_of(model(x), y) + share * penalty(model)).backward()
             optimizer.step()
         perm = loader.batch_sampler.permutation()
         for begin, end, _ in epoch_schedule(NUM_SAMPLES, plan):
             batch = perm[begin:end]
             one.zero_grad()
-            loss = nn.functional.cross_entropy(reference(inputs[batch]), targets[batch])
-            (loss + penalty(reference)).backward()
+            (loss_of(reference(inputs[batch]), targets[batch]) + penalty(reference)).backward()
             one.step()
     return (flat_params(model.module) - flat_params(reference)).abs().max().item()
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("sizes", [[5, 11, 48], [20, 0, 44]])
-def test_a_penalty_on_the_parameters_is_exact_with_the_share_on_it(sizes):
+def test_a_penalty_on_the_parameters_is_exact_with_the_share_on_it(sizes, reduction):
     """A loss term that is not from the outputs is not scaled by the wrapper: with
     `loader.weight` on it (docs/library.md, "The loss") the update is one process's; without,
     every rank adds it whole and the run misses."""
-    exact = _values(run_ranks(3, lambda comm: _penalised(comm, sizes, True), timeout=60))
-    plain = _values(run_ranks(3, lambda comm: _penalised(comm, sizes, False), timeout=60))
+    exact = _values(run_ranks(3, lambda c: _penalised(c, sizes, True, reduction), timeout=60))
+    plain = _values(run_ranks(3, lambda c: _penalised(c, sizes, False, reduction), timeout=60))
     assert max(exact) < 1e-10, exact
     assert min(plain) > 1e-3, plain
 

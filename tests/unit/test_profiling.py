@@ -289,6 +289,13 @@ def test_profile_config_rejects_bad_values(kwargs):
         ProfileConfig(**kwargs)
 
 
+def test_a_reference_below_the_smallest_batch_still_profiles():
+    """balance-report sets the reference to B/P by itself: a small global batch clamps the
+    ladder to --min-batch, as before (only a reference far above --max-batch is refused)."""
+    assert ProfileConfig(reference_batch=8).ladder() == (16,)
+    assert ProfileConfig(reference_batch=10**8, batch_sizes=(16,)).ladder() == (16,)
+
+
 def test_profile_all_single_process_gives_one_record_with_common_reference():
     clock = FakeClock()
     model, optimizer = trained_setup(clock)

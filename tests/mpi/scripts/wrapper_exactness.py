@@ -107,6 +107,7 @@ def check(
         naive = BalancedDataParallel(models[1], comm, loader, overlap=overlap, weighting="uniform",
                                      loss_reduction=reduction)  # fmt: skip
     reference = models[2]
+    start = flat_params(reference).clone()  # rank 0's, which every trained model starts from
     optimizers = [make_optimizer(m) for m in models]
     every = 2 if mode.startswith("accumulate") else 1
     # Under no_sync, the DDP idiom: each micro-batch's loss divided by their number.
@@ -163,6 +164,9 @@ def check(
     sums = comm.allgather(flat_params(models[0]).cpu().sum().item())
     assert exact_diff < 1e-10, f"rank {comm.rank}: the wrapper differs by {exact_diff:.3e}"
     assert naive_diff > 1e-3, f"rank {comm.rank}: naive 1/P average matched ({naive_diff:.3e})"
+    # ... and missed by training otherwise, not by standing still (its buckets zeroed).
+    naive_moved = (flat_params(models[1]).cpu() - start).abs().max().item()
+    assert naive_moved > 1e-2, f"rank {comm.rank}: the 1/P model did not train ({naive_moved})"
     assert max(sums) == min(sums), f"ranks disagree on parameters: {sums}"
     return (
         f"wrapper exactness ok: ranks={comm.size} batch_sizes={sizes} mode={mode} "
