@@ -178,6 +178,8 @@ def convert_sync_batchnorm(model: nn.Module, comm: Communicator) -> nn.Module:
     Example:
         >>> model = lbtrain.convert_sync_batchnorm(model, comm)  # before the optimizer
     """
+    if not isinstance(model, nn.Module):  # the same on every rank: before the collective
+        raise TypeError(f"model={model!r:.60} is not an nn.Module; pass the model to convert")
     problem = _unsupported(model)
     layers = comm.allgather(None if problem else _layout(model))
     try:

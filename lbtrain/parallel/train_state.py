@@ -55,6 +55,19 @@ class TrainState:
         comm: Communicator,
         scheduler: Any = None,
     ) -> None:
+        # Checked now: a wrong one failed only at the first save, mid-run, as AttributeError.
+        wanted = (
+            ("model", model, nn.Module, "the model you train (BalancedDataParallel or plain)"),
+            ("optimizer", optimizer, torch.optim.Optimizer, "its torch.optim optimizer"),
+            ("loader", loader, BalancedLoader, "this rank's lbtrain.balanced_loader(...)"),
+        )
+        for name, value, kind, what in wanted:
+            if not isinstance(value, kind):
+                raise TypeError(f"{name}={value!r:.60} is not {kind.__name__}: pass {what}")
+        if not all(hasattr(comm, attr) for attr in ("rank", "size", "allgather")):
+            raise TypeError(
+                f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
+            )
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.comm, self.scheduler = comm, scheduler
 

@@ -620,6 +620,25 @@ def test_the_wrappers_flags_must_be_bools(kwargs, message):
         sync_gradients(nn.Linear(4, 2), 1.0, None)
 
 
+def test_train_state_and_the_batchnorm_conversion_name_a_wrong_argument_at_once():
+    """Each failed late before (TrainState at its first save, mid-run), as AttributeError."""
+    from lbtrain import TrainState, convert_sync_batchnorm
+
+    comm = SingleProcessCommunicator()
+    model = nn.Linear(4, 2)
+    loader = balanced_loader(plan_batches([1.0], 4, "proportional"), _toy(), rank=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for args, needle in [
+        ((model, None, loader, comm), "optimizer=None is not Optimizer"),
+        ((model, optimizer, list(loader), comm), "is not BalancedLoader: pass this rank"),
+        ((model, optimizer, loader, None), "comm=None is not a communicator"),
+    ]:
+        with pytest.raises(TypeError, match=re.escape(needle)):
+            TrainState(*args)
+    with pytest.raises(TypeError, match="model=None is not an nn.Module; pass the model"):
+        convert_sync_batchnorm(None, comm)
+
+
 def test_plan_for_without_a_communicator_says_which_to_pass():
     sample = (torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))
     with pytest.raises(TypeError, match="comm=None is not a communicator; pass lbtrain.world_"):
