@@ -117,6 +117,15 @@ def check_arguments(
         )
 
 
+def require_communicator(comm: object) -> None:
+    """TypeError, in one line, unless `comm` is a communicator (checked before any
+    collective, which would fail on it as AttributeError)."""
+    if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
+        raise TypeError(
+            f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
+        )
+
+
 def check_setup(
     module: nn.Module,
     comm: Communicator,
@@ -128,11 +137,7 @@ def check_setup(
     """The wrapper's checks at construction (collective): a communicator, arguments that
     are right on every rank (`flags` by name: each must be a bool), and one sampler setup
     on all of them."""
-    if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
-        # Before the checks below, which meet the other ranks through it.
-        raise TypeError(
-            f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
-        )
+    require_communicator(comm)  # before the checks below, which meet the ranks through it
     agree(comm, lambda: check_arguments(module, comm, loader, weighting, loss_reduction, flags))
     rows = comm.allgather(fingerprint(loader.batch_sampler))
     agree(comm, lambda: raise_if(disagreement(rows)), name_rank=False)

@@ -26,6 +26,7 @@ from lbtrain.parallel.buckets import (
     layout_signature,
     sync_layout,
 )
+from lbtrain.parallel.checks import require_communicator
 from lbtrain.parallel.staging import Stager, make_stager
 
 __all__ = ["GradientSync", "check_weight", "check_weights_agree", "sync_gradients"]
@@ -371,10 +372,7 @@ def sync_gradients(
             `weight` is still this rank's b_i / B, checked but not applied.
     """
     check_weight(weight)
-    if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
-        raise TypeError(
-            f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
-        )
+    require_communicator(comm)
     if not isinstance(model, nn.Module):
         check_weights_agree(weight, comm)
         GradientSync(model, comm, bucket_mb=bucket_mb).sync(weight, prescaled=prescaled)

@@ -14,6 +14,7 @@ from lbtrain.balancer.checks import real, whole
 from lbtrain.collective import agree
 from lbtrain.comm import Communicator
 from lbtrain.emulation import Slowdown
+from lbtrain.parallel.checks import require_communicator
 from lbtrain.profiling import ReplicaProfile
 from lbtrain.profiling.measured_plan import PlanRequest, StepSource, measure_and_plan
 
@@ -122,11 +123,7 @@ def _check_arguments(
 ) -> Sequence[int | None] | None:
     """Refuse bad arguments on every rank alike, and arguments that differ between ranks;
     `caps` read once (a generator)."""
-    if not all(hasattr(comm, name) for name in ("rank", "size", "allgather")):
-        # Before the checks below, which meet the other ranks through it.
-        raise TypeError(
-            f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
-        )
+    require_communicator(comm)
 
     def check() -> int:
         try:

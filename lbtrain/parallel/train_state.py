@@ -28,6 +28,7 @@ from lbtrain.collective import write_on_root
 from lbtrain.comm import Communicator
 from lbtrain.data import BalancedLoader
 from lbtrain.outputs import atomic_write_bytes
+from lbtrain.parallel.checks import require_communicator
 
 __all__ = ["TrainState"]
 
@@ -64,10 +65,7 @@ class TrainState:
         for name, value, kind, what in wanted:
             if not isinstance(value, kind):
                 raise TypeError(f"{name}={value!r:.60} is not {kind.__name__}: pass {what}")
-        if not all(hasattr(comm, attr) for attr in ("rank", "size", "allgather")):
-            raise TypeError(
-                f"comm={comm!r:.60} is not a communicator; pass lbtrain.world_communicator()"
-            )
+        require_communicator(comm)
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.comm, self.scheduler = comm, scheduler
 
