@@ -9,6 +9,11 @@ medians of the two pairs:
     cd scripts && ../.venv/bin/python bench_syncbn.py [--epochs 4] [--models ssftt,resnet] \
         [--ranks 3]
 
+`--alone B` times the layer's own cost instead: ResNet-44's forward and backward at batch B in
+this process, one thread, plain BatchNorm and the synchronised layer (one-rank collectives,
+as profiling times it) alternated 4 times, 8 steps each; with `LBTRAIN_HOST_KERNELS=0` for
+torch's kernels in place of the compiled passes.
+
 A benchmark, not a test: it prints figures and asserts nothing (the target of issue 37 is
 a ratio of at most 1.10). Keep the machine otherwise idle while it runs.
 """
@@ -18,7 +23,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench_common import BenchError, epochs_of, run_command
@@ -54,15 +61,59 @@ def _step(model: str, sync: str, epochs: int, plan: Path, workdir: Path, ranks: 
     return statistics.median(steps)
 
 
+def _alone(batch: int, rounds: int = 4, steps: int = 8) -> None:
+    import torch
+
+    from examples.resnet_cifar import ResNetCifar
+    from lbtrain.malloc import tune_malloc
+    from lbtrain.parallel.batchnorm import timed_as_synchronised
+    from lbtrain.parallel.batchnorm_host import describe
+
+    tune_malloc()  # as in a run
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = ResNetCifar().train()
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+
+    def timed(net: torch.nn.Module) -> float:
+        def step() -> None:
+            net.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+
+        step()  # untimed
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return (time.perf_counter() - start) / steps
+
+    times: dict[str, list[float]] = {"plain": [], "sync": []}
+    for _ in range(rounds):
+        times["plain"].append(timed(model))
+        with timed_as_synchronised(model) as synced:
+            times["sync"].append(timed(synced))
+    plain, sync = statistics.median(times["plain"]), statistics.median(times["sync"])
+    print(
+        f"ResNet-44 at batch {batch}, one thread: plain {plain * 1e3:.1f} ms, synchronised "
+        f"{sync * 1e3:.1f} ms, ratio {sync / plain:.3f} (BatchNorm on CPU: {describe()})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--models", default="ssftt,resnet")
     parser.add_argument("--ranks", type=int, choices=(2, 3), default=3)
+    parser.add_argument("--alone", type=int, metavar="B", help="one process at batch B")
     args = parser.parse_args()
     # examples.resnet_cifar is a module of the repository's root folder.
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    if args.alone is not None:
+        if args.alone < 2:
+            parser.error(f"--alone {args.alone}: a batch of at least 2 samples")
+        sys.path.insert(0, root)
+        _alone(args.alone)
+        return
     with tempfile.TemporaryDirectory(prefix="lbtrain-bench-syncbn-") as tmp:
         plan = _plan(Path(tmp) / "plan.json", args.ranks)
         for model in args.models.split(","):

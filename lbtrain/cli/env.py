@@ -15,6 +15,7 @@ import lbtrain
 from lbtrain.cli.common import show_defaults
 from lbtrain.comm import Communicator, detect_launcher, mpi_library_info
 from lbtrain.devices import node_cores, node_layout, rank_threads
+from lbtrain.parallel.batchnorm_host import describe as describe_host_kernels
 
 __all__ = ["add_parser", "collect", "run"]
 
@@ -101,6 +102,8 @@ def collect(comm: Communicator) -> list[tuple[str, str]]:
         # MPICH's progress thread: lets gradient allreduces move while backward computes.
         ("MPIR_CVAR_ASYNC_PROGRESS", os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "(unset)")),
         ("matplotlib", "yes" if importlib.util.find_spec("matplotlib") else "no (--plot off)"),
+        # Rank 0's answer: the library is built once a machine, into a per-user cache.
+        ("BatchNorm on CPU ranks", describe_host_kernels()),
     ]
     for facts in ranks:
         devices = ", ".join(facts["cuda_devices"]) or "none"

@@ -39,6 +39,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from lbtrain.collective import CollectiveError, agree
 from lbtrain.comm import Communicator
+from lbtrain.parallel.batchnorm_host import kernels, setting
 from lbtrain.parallel.batchnorm_step import _SyncBatchNormFunction
 
 __all__ = [
@@ -180,7 +181,7 @@ def convert_sync_batchnorm(model: nn.Module, comm: Communicator) -> nn.Module:
     """
     if not isinstance(model, nn.Module):  # the same on every rank: before the collective
         raise TypeError(f"model={model!r:.60} is not an nn.Module; pass the model to convert")
-    problem = _unsupported(model)
+    problem = _unsupported(model) or _host_kernels_problem()
     layers = comm.allgather(None if problem else _layout(model))
     try:
         agree(comm, lambda: _raise(problem or _disagreement(layers)), name_rank=True)
@@ -197,10 +198,10 @@ def timed_as_synchronised(model: nn.Module, enabled: bool = True) -> Iterator[nn
     """`model` whose BatchNorm layers compute as synchronised BatchNorm does on many ranks,
     with one-rank collectives; put back as it was on exit.
 
-    For profiling: each rank is timed alone, but a synchronised layer costs more than a plain
-    one (two statistics passes, a correction in backward, and the Python around them, about
-    0.2 ms a layer and step on one CPU thread at small batches here, 0.6 ms on a slower
-    Xeon's), which a plan must see.
+    For profiling: each rank is timed alone, but a synchronised layer costs otherwise than a
+    plain one (the Python around its passes and collectives, about 0.07 ms more a small layer
+    and step on one CPU thread here with the compiled passes, 0.2 ms with torch's kernels; on
+    larger layers its passes are quicker than BatchNorm's), which a plan must see.
     The stand-in layers share the originals' parameters and buffers, so an optimizer and a
     snapshot of the model still hold them. A model that is itself one BatchNorm layer, or a
     layer of a type `convert_sync_batchnorm` refuses, is timed as it is.
@@ -210,6 +211,9 @@ def timed_as_synchronised(model: nn.Module, enabled: bool = True) -> Iterator[nn
     if enabled:
         from lbtrain.comm.single import SingleProcessCommunicator
 
+        problem = _host_kernels_problem()  # built now, not in a timed step
+        if problem is not None:
+            raise ValueError(problem)
         alone = SingleProcessCommunicator()
         for parent in list(model.modules()):
             for name, child in list(parent.named_children()):
@@ -261,6 +265,17 @@ def _convert(module: nn.Module) -> nn.Module:
         if new is not child:
             module.add_module(name, new)
     return module
+
+
+def _host_kernels_problem() -> str | None:
+    """A wrong LBTRAIN_HOST_KERNELS, refused on every rank; else the compiled passes are
+    built or loaded now, before any step is timed (a fraction of a second, once a machine)."""
+    try:
+        if setting():
+            kernels(torch.float32)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def _layout(model: nn.Module) -> list[tuple]:

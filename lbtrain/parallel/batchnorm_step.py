@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
+from lbtrain.parallel.batchnorm_host import HostKernels, kernels
+
 if TYPE_CHECKING:
     from lbtrain.parallel.batchnorm import SyncBatchNorm
 
@@ -130,6 +132,18 @@ def _update_running(layer: SyncBatchNorm, mean: Any, unbiased: Any, factor: floa
             running.mul_(1 - factor).add_(_tensor(value, running.dtype), alpha=factor)
 
 
+def _counted(layer: SyncBatchNorm, buffer: torch.Tensor, head: list[float]) -> float:
+    """Forward's collective; the global count, refused unless above 1."""
+    count = layer._collective(buffer, head, "forward")[-1]
+    if count <= 1:
+        raise ValueError(
+            f"synchronised BatchNorm layer '{layer.layer_name}' got {int(count)} value per "
+            "channel over all ranks in training: it needs more than 1 (a global batch of at "
+            "least 2 samples)"
+        )
+    return count
+
+
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -143,23 +157,23 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         channels = input.shape[1]
         local = input.numel() // channels if channels else 0
         host = input.is_cpu
-        sums = _local_sums(input, channels, local, host) if local else None
         if layer.stamp is None:
             layer._forwards += 1
         stamp = layer._forwards if layer.stamp is None else layer.stamp
+        ctx.layer, ctx.stamp = layer, stamp
+        native = _native(input, weight, bias, layer) if host else None
+        ctx.native = native
+        if native is not None:
+            return _native_forward(ctx, native, input.contiguous(), weight, bias, factor)
+        sums = _local_sums(input, channels, local, host) if local else None
         head = [*layer._tags(stamp), local]
         buffer, figures = _buffer(head, sums, channels, input.device)
-        count = layer._collective(buffer, head, "forward")[-1]
-        if count <= 1:
-            raise ValueError(
-                f"synchronised BatchNorm layer '{layer.layer_name}' got {int(count)} value per "
-                "channel over all ranks in training: it needs more than 1 (a global batch of at "
-                "least 2 samples)"
-            )
+        count = _counted(layer, buffer, head)
         mean, var = _combined(figures, channels, count)
         if layer.track_running_stats and layer.running_mean is not None:
             _update_running(layer, mean, var * (count / (count - 1)), factor)
         invstd = (var + layer.eps) ** -0.5  # float64, for backward's correction
+        ctx.count, ctx.mean, ctx.invstd = count, mean, invstd
         low = input.dtype
         if host and low in (torch.float16, torch.bfloat16):
             # A half or bfloat16 input with the figures and the parameters in float
@@ -176,13 +190,13 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             torch.backends.cudnn.enabled,
         )  # fmt: skip
         ctx.save_for_backward(input, weight, low_mean, low_var)
-        ctx.mean, ctx.invstd = mean, invstd
-        ctx.layer, ctx.count, ctx.stamp = layer, count, stamp
         return output
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        if ctx.native is not None:
+            return _native_backward(ctx, grad)
         input, weight, low_mean, low_var = ctx.saved_tensors
         layer: SyncBatchNorm = ctx.layer
         channels = input.shape[1]
@@ -224,3 +238,107 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             None,
             None,
         )
+
+
+_SERIAL = 2**16  # values in a layer's input up to which many-thread ranks run the C passes
+
+
+def _native(
+    input: torch.Tensor, weight: Any, bias: Any, layer: SyncBatchNorm
+) -> HostKernels | None:
+    """The compiled passes for this CPU input, where they apply: float32 or float64 with
+    parameters and running figures of its type, on one thread or a small layer (else None:
+    torch's kernels)."""
+    if input.dim() < 3:  # (N, C): BatchNorm's kernel is the quicker (a channel is strided)
+        return None
+    if input.numel() > _SERIAL and torch.get_num_threads() > 1:
+        # The C passes run on one thread. Small layers are their case on any rank (torch's
+        # parallel kernels split no work below ATen's grain, 32768 values, and pay 30-60
+        # calls around it); a large layer on a rank of many threads keeps torch's. Measured on
+        # 2 threads, the C passes were still the quicker at 1M values (BENCHMARKS.md); above
+        # 2 threads it is unmeasured, so the rule leaves large layers to torch there.
+        return None
+    dtype = input.dtype
+    for tensor in (weight, bias, layer.running_mean, layer.running_var):
+        if tensor is not None and (tensor.dtype != dtype or not tensor.is_contiguous()):
+            return None
+    return kernels(dtype)
+
+
+def _sizes(input: torch.Tensor) -> tuple[int, int, int]:
+    """(n, c, s) of a contiguous input: samples, channels, values a channel and sample."""
+    n, c = input.shape[0], input.shape[1]
+    return n, c, input.numel() // (n * c) if n * c else 0
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _native_forward(
+    ctx: Any, native: HostKernels, input: torch.Tensor, weight: Any, bias: Any, factor: float
+) -> torch.Tensor:
+    """Forward on a CPU rank through the compiled passes: this rank's sums, the collective,
+    then the figures, the running update and the output, one call each."""
+    layer: SyncBatchNorm = ctx.layer
+    n, channels, s = _sizes(input)
+    head = [*layer._tags(ctx.stamp), n * s]
+    buffer, _ = _buffer(head, None, channels, input.device)
+    sums = buffer.data_ptr() + 8 * len(head)
+    if input.numel():
+        native.stats(input.data_ptr(), n, channels, s, sums, sums + 8 * channels)
+    count = _counted(layer, buffer, head)
+    # [mean, weight / std, bias, 1 / std], float64, kept for backward.
+    figures = np.empty(4 * channels)
+    running = layer.track_running_stats and layer.running_mean is not None
+    native.finish(
+        sums, channels, count, layer.eps, _pointer(weight), _pointer(bias),
+        _pointer(layer.running_mean) if running else None,
+        _pointer(layer.running_var) if running else None, factor, figures.ctypes.data,
+    )  # fmt: skip
+    if running:  # as torch's in-place update would: a backward through an older read fails
+        torch.autograd.graph.increment_version(layer.running_mean)
+        torch.autograd.graph.increment_version(layer.running_var)
+    output = torch.empty_like(input)
+    if input.numel():
+        native.normalise(input.data_ptr(), output.data_ptr(), n, channels, s, figures.ctypes.data)
+    ctx.figures, ctx.count = figures, count
+    ctx.save_for_backward(input, weight, bias)
+    return output
+
+
+def _native_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+    """Backward on a CPU rank through the compiled passes (forward's `_native_forward`)."""
+    input, weight, bias = ctx.saved_tensors
+    layer: SyncBatchNorm = ctx.layer
+    native: HostKernels = ctx.native
+    n, channels, s = _sizes(input)
+    grad = grad.contiguous()
+    head = layer._tags(ctx.stamp)
+    buffer, _ = _buffer(head, None, channels, input.device)
+    sums = buffer.data_ptr() + 8 * len(head)
+    # This rank's parameter gradients (sum dy x_hat, sum dy), written as the sums are taken.
+    grad_weight = None if weight is None else torch.zeros_like(weight)
+    grad_bias = None if bias is None else torch.zeros_like(bias)
+    figures = ctx.figures.ctypes.data
+    if input.numel():
+        native.grad_sums(
+            grad.data_ptr(), input.data_ptr(), n, channels, s, figures, sums,
+            _pointer(grad_weight), _pointer(grad_bias),
+        )  # fmt: skip
+    layer._collective(buffer, head, "backward")
+    grad_input = None
+    if ctx.needs_input_grad[0]:
+        grad_input = torch.empty_like(input)
+        if input.numel():
+            native.input_grad(
+                grad.data_ptr(), input.data_ptr(), grad_input.data_ptr(), n, channels, s,
+                figures, sums, ctx.count,
+            )  # fmt: skip
+    return (
+        grad_input,
+        grad_weight if ctx.needs_input_grad[1] else None,
+        grad_bias if ctx.needs_input_grad[2] else None,
+        None,
+        None,
+    )

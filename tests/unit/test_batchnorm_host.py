@@ -1,0 +1,146 @@
+"""Synchronised BatchNorm's compiled CPU passes (batchnorm_host.c) against torch's kernels
+and one process, and the way to torch's kernels where the C file cannot be built."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from torch import nn
+
+from lbtrain import SyncBatchNorm, convert_sync_batchnorm
+from lbtrain.comm import run_ranks
+from lbtrain.parallel import batchnorm_host
+from tests.unit.test_sync_batchnorm import _split_run, _values
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+
+
+@pytest.fixture(params=["compiled", "torch"])
+def passes(request, monkeypatch):
+    """Each test twice: through the compiled passes, and through torch's kernels."""
+    if request.param == "compiled" and batchnorm_host.kernels(torch.float64) is None:
+        pytest.skip(f"no compiled passes here: {batchnorm_host.describe()}")
+    monkeypatch.setenv("LBTRAIN_HOST_KERNELS", "1" if request.param == "compiled" else "0")
+    return request.param
+
+
+def _conv_model() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv3d(2, 3, (1, 2, 2)), nn.BatchNorm3d(3, affine=False), nn.ReLU(), nn.Flatten(1, 2),
+        nn.Conv2d(6, 4, 2), nn.BatchNorm2d(4, momentum=None), nn.Tanh(),
+        nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4, track_running_stats=False), nn.Flatten(),
+        nn.Linear(16, 3),
+    ).double()  # fmt: skip
+
+
+@pytest.mark.parametrize("sizes", [[5, 11, 8], [1, 0, 23]], ids=["5-11-8", "1-0-23"])
+def test_conv_layers_are_one_process_over_the_split_batch(passes, sizes):
+    """BatchNorm3d and 2d, affine or not, momentum None, no running figures; float64."""
+    torch.manual_seed(0)
+    model = _conv_model()
+    inputs = torch.randn(24, 2, 2, 4, 4, dtype=torch.float64) * 3 + 2
+    for _ in range(2):  # the second forward starts from the first's running statistics
+        outputs, grads, params = _split_run(model, inputs, sizes)
+        assert max(outputs, grads, params) < 1e-12, (outputs, grads, params)
+
+
+def test_a_channels_last_input_is_one_process_over_the_split_batch(passes):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 5, 1), nn.BatchNorm2d(5)).double()
+    model = model.to(memory_format=torch.channels_last)
+    inputs = torch.randn(20, 3, 4, 4, dtype=torch.float64).to(memory_format=torch.channels_last)
+    outputs, grads, params = _split_run(model, inputs, [7, 13])
+    assert max(outputs, grads, params) < 1e-12
+
+
+def test_float32_figures_agree_with_torch_s_kernels(monkeypatch):
+    """The same float32 split through both, on 2 ranks: outputs, gradients and running
+    figures within float32 rounding of each other."""
+    if batchnorm_host.kernels(torch.float32) is None:
+        pytest.skip(f"no compiled passes here: {batchnorm_host.describe()}")
+    torch.manual_seed(0)
+    inputs = torch.randn(12, 4, 6, 6) * 5 + 30
+
+    def run(setting):
+        monkeypatch.setenv("LBTRAIN_HOST_KERNELS", setting)
+
+        def work(comm):
+            layer = convert_sync_batchnorm(nn.BatchNorm2d(4), comm)
+            x = inputs[comm.rank * 4 : (comm.rank + 1) * 8].clone().requires_grad_()
+            out = layer(x)
+            (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+            return out, x.grad, layer.weight.grad, layer.bias.grad, layer.running_var
+
+        return _values(run_ranks(2, work, timeout=60))
+
+    for compiled, torch_s in zip(run("1"), run("0"), strict=True):
+        for mine, theirs in zip(compiled, torch_s, strict=True):
+            assert torch.allclose(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_compiler_torch_s_kernels_run_and_env_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "no-such-compiler-here")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    batchnorm_host._library.cache_clear()
+    try:
+        assert batchnorm_host.kernels(torch.float32) is None
+        assert batchnorm_host.describe() == (
+            "torch's kernels (no C compiler 'no-such-compiler-here' on PATH; set CC to one)"
+        )
+        monkeypatch.setenv("CC", "false")  # a compiler that fails: the same way out
+        batchnorm_host._library.cache_clear()
+        assert batchnorm_host.kernels(torch.float32) is None
+        assert batchnorm_host.describe() == "torch's kernels (the C compiler failed: exit 1)"
+        assert list(tmp_path.rglob("*.so")) == []  # nothing half-built left in the cache
+    finally:
+        batchnorm_host._library.cache_clear()
+
+
+@needs_cc
+def test_the_library_is_built_once_into_the_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    batchnorm_host._library.cache_clear()
+    try:
+        assert batchnorm_host.kernels(torch.float64) is not None, batchnorm_host.describe()
+        (built,) = (tmp_path / "lbtrain").iterdir()
+        assert built.suffix == ".so"
+        # Found there by a later process: no compiler needed any more.
+        monkeypatch.setenv("CC", "false")
+        batchnorm_host._library.cache_clear()
+        assert batchnorm_host.kernels(torch.float64) is not None
+        assert batchnorm_host.describe() == f"compiled ({built})"
+    finally:
+        batchnorm_host._library.cache_clear()
+
+
+def test_a_wrong_setting_is_one_line_on_every_rank(monkeypatch):
+    monkeypatch.setenv("LBTRAIN_HOST_KERNELS", "yes")
+
+    def work(comm):
+        try:
+            convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(2)), comm)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    said = _values(run_ranks(2, work, timeout=30))
+    assert said[0] == said[1] and said[0].startswith("LBTRAIN_HOST_KERNELS='yes': use 1"), said
+
+
+@needs_cc
+def test_a_large_layer_on_a_rank_of_many_threads_keeps_torch_s_parallel_kernels():
+    from lbtrain.parallel.batchnorm_step import _SERIAL, _native
+
+    layer = SyncBatchNorm(2)
+    small, large = torch.zeros(2, 2, 8), torch.zeros(2, 2, _SERIAL // 4 + 1)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert _native(small, layer.weight, layer.bias, layer) is not None
+        assert _native(large, layer.weight, layer.bias, layer) is None
+        torch.set_num_threads(1)
+        assert _native(large, layer.weight, layer.bias, layer) is not None
+    finally:
+        torch.set_num_threads(threads)
