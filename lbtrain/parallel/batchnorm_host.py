@@ -38,7 +38,7 @@ __all__ = ["HostKernels", "describe", "kernels", "setting"]
 _SOURCE = Path(__file__).with_name("batchnorm_host.c")
 _FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp-simd", "-fno-math-errno"]
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
-_P, _L, _D = ctypes.c_void_p, ctypes.c_long, ctypes.c_double
+_P, _L, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 _SIGNATURES = {
     "stats": [_P, _L, _L, _L, _P, _P],
     "finish": [_P, _L, _D, _D, _P, _P, _P, _P, _D, _P],
