@@ -79,6 +79,7 @@ def _rank_facts(comm: Communicator) -> dict[str, object]:
             f"sm_{''.join(map(str, torch.cuda.get_device_capability(i)))})"
             for i in range(torch.cuda.device_count() if cuda else 0)
         ],
+        "batchnorm": describe_host_kernels(),
     }
 
 
@@ -102,9 +103,10 @@ def collect(comm: Communicator) -> list[tuple[str, str]]:
         # MPICH's progress thread: lets gradient allreduces move while backward computes.
         ("MPIR_CVAR_ASYNC_PROGRESS", os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "(unset)")),
         ("matplotlib", "yes" if importlib.util.find_spec("matplotlib") else "no (--plot off)"),
-        # Rank 0's answer: the library is built once a machine, into a per-user cache.
-        ("BatchNorm on CPU ranks", describe_host_kernels()),
+        # Each rank's answer (a node without a compiler runs torch's kernels: the same sums).
+        ("BatchNorm on CPU ranks", _same_or_by_rank([facts["batchnorm"] for facts in ranks])),
     ]
+    answers = [facts["batchnorm"] for facts in ranks]
     for facts in ranks:
         devices = ", ".join(facts["cuda_devices"]) or "none"
         items.append(
@@ -113,10 +115,15 @@ def collect(comm: Communicator) -> list[tuple[str, str]]:
                 f"host {facts['host']} (local rank {facts['local_rank']} of "
                 f"{facts['local_size']}), cores {facts['cores']}, default threads "
                 f"{facts['default_threads']}, torch threads {facts['torch_threads']}, "
-                f"CUDA devices: {devices}",
+                f"CUDA devices: {devices}"
+                + ("" if len(set(answers)) == 1 else f", BatchNorm on CPU: {facts['batchnorm']}"),
             )
         )
     return items
+
+
+def _same_or_by_rank(answers: list[str]) -> str:
+    return answers[0] if len(set(answers)) == 1 else "differs by rank (below)"
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:

@@ -6,8 +6,9 @@ process's statistics nor DDP's; the slowest rank may hold 2 samples, or 1, or no
 and every backward the input gradient one process computes, whatever the shares:
 
 * forward: one sum-allreduce per layer of the per-channel count, sum and sum of squares
-  (each rank's own mean and variance come from sums of the input less its mean, in the
-  input's precision, on the CPU, from BatchNorm's kernel elsewhere, and are combined in
+  (each rank's own come from sums of the input less its mean: on a CPU rank in float64 in
+  the compiled passes of batchnorm_host.c, or in the input's precision through torch's
+  kernels where those cannot run, and from BatchNorm's kernel on CUDA; all are combined in
   float64: the sum of squares minus N mean^2 cancels, and float32 would lose the variance
   of a channel whose mean is a few hundred times its spread);
 * backward: one sum-allreduce of the per-channel sum of dy and of dy * x_hat; with the global
@@ -129,7 +130,20 @@ class SyncBatchNorm(_BatchNorm):
                 factor,
                 self.eps,
             )
+        self._check_features(input)
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, self, factor)
+
+    def _check_features(self, input: torch.Tensor) -> None:
+        """The input's channels against the layer's parameters and running figures (BatchNorm
+        checks them in its kernels; the synchronised passes index them by channel)."""
+        channels = input.shape[1]
+        for tensor in (self.weight, self.bias, self.running_mean, self.running_var):
+            if tensor is not None and tensor.numel() != channels:
+                raise ValueError(
+                    f"synchronised BatchNorm layer '{self.layer_name}' has {tensor.numel()} "
+                    f"features, and its input {channels} channels (shape {tuple(input.shape)}): "
+                    f"build it with num_features={channels}, or check the layer before it"
+                )
 
     def _tags(self, stamp: int) -> list[float]:
         """The slots before a collective's figures: the stamp, the layer, and their squares."""

@@ -82,8 +82,10 @@ typedef int64_t size;  /* sizes and indices: 64 bits on every platform */
     }                                                                                          \
   }                                                                                            \
                                                                                                \
-  /* Channel j's sum of dy and of dy (x - mean) into `sums` (for the collective), and          \
-     this rank's gradients of the bias (sum dy) and weight (sum dy x_hat) where not NULL. */   \
+  /* Channel j's sum of dy and of dy x_hat into `sums` (for the collective: the slots torch's  \
+     kernels fill on every other rank, a CUDA one or one without a compiler, so ranks on       \
+     either path sum alike), and this rank's gradients of the bias (sum dy) and the weight     \
+     (sum dy x_hat) where not NULL. */                                                         \
   void grad_sums_##NAME(const T *dy, const T *x, size n, size c, size s,                       \
                         const double *figures, double *sums, T *grad_weight, T *grad_bias) {   \
     for (size j = 0; j < c; j++) {                                                             \
@@ -95,17 +97,17 @@ typedef int64_t size;  /* sizes and indices: 64 bits on every platform */
           b += (double)g[k] * ((double)p[k] - m);                                              \
         }                                                                                      \
       }                                                                                        \
+      b *= figures[3 * c + j]; /* sum dy (x - mean) / std */                                   \
       sums[j] = a;                                                                             \
       sums[c + j] = b;                                                                         \
       if (grad_bias) grad_bias[j] = (T)a;                                                      \
-      if (grad_weight) grad_weight[j] = (T)(b * figures[3 * c + j]);                           \
+      if (grad_weight) grad_weight[j] = (T)b;                                                  \
     }                                                                                          \
   }                                                                                            \
                                                                                                \
-  /* The whole batch's input gradient from the summed sums of dy and dy (x - mean):            \
+  /* The whole batch's input gradient from the summed sums of dy and dy x_hat:                 \
      dx = scale (dy - mean(dy) - x_hat mean(dy x_hat)) = dy scale + (x - mean) slope + offset, \
-     slope = -scale mean(dy x_hat) / std = -scale mean(dy (x - mean)) / std^2, and             \
-     offset = -scale mean(dy). */                                                              \
+     with slope = -scale mean(dy x_hat) / std and offset = -scale mean(dy). */                 \
   void input_grad_##NAME(const T *dy, const T *x, T *dx, size n, size c, size s,               \
                          const double *figures, const double *summed, double count) {          \
     for (size i = 0; i < n; i++) {                                                             \
@@ -113,7 +115,7 @@ typedef int64_t size;  /* sizes and indices: 64 bits on every platform */
         double scale = figures[c + j], invstd = figures[3 * c + j];                            \
         const T *g = ROW(dy, i, j), *p = ROW(x, i, j);                                         \
         T *q = ROW(dx, i, j), m = (T)figures[j], a = (T)scale;                                 \
-        T b = (T)(-scale * invstd * invstd * summed[c + j] / count);                           \
+        T b = (T)(-scale * invstd * summed[c + j] / count);                                    \
         T o = (T)(-scale * summed[j] / count);                                                 \
         _Pragma("omp simd") for (size k = 0; k < s; k++) q[k] = g[k] * a + (p[k] - m) * b + o; \
       }                                                                                        \

@@ -3,7 +3,7 @@
 torch has no CPU kernels for synchronised BatchNorm's pieces (`torch.batch_norm_stats` and
 its kin are CUDA's only), and composing them from torch calls costs 30-60 calls of Python
 and dispatch a layer and step, more than the small layer's own arithmetic. The C file holds
-the four passes; this module builds it once per machine with the system's C compiler and
+the five passes; this module builds it once per machine with the system's C compiler and
 calls it through ctypes: no torch headers, and a build of a fraction of a second.
 
 * `$CC` (else `cc`) builds it into `$XDG_CACHE_HOME/lbtrain` (else `~/.cache/lbtrain`), named
@@ -21,6 +21,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def describe() -> str:
     except ValueError as exc:
         return str(exc)
     library, why = _library()
-    return f"compiled ({library._name})" if library is not None else f"torch's kernels ({why})"
+    return f"compiled ({_cached_path()})" if library is not None else f"torch's kernels ({why})"
 
 
 @cache
@@ -104,13 +105,28 @@ def _kernels(library: ctypes.CDLL, suffix: str) -> HostKernels:
 @cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
     """The loaded library, or None and why not; once a process."""
-    compiler = os.environ.get("CC") or "cc"
     try:
-        return ctypes.CDLL(str(_built(compiler))), ""
-    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        path = _cached_path()
+        if path.is_file():
+            try:
+                return _loaded(path), ""
+            except (OSError, AttributeError):
+                path.unlink(missing_ok=True)  # damaged, or not this library: built again
+        return _build(shlex.split(os.environ.get("CC") or "cc"), path), ""
+    except (OSError, subprocess.SubprocessError, ValueError, AttributeError) as exc:
         why = _reason(exc)
         logger.debug("synchronised BatchNorm on CPU ranks: torch's kernels (%s)", why)
         return None, why
+
+
+def _loaded(path: Path) -> ctypes.CDLL:
+    """The library at `path`, with every function this module calls (else OSError or
+    AttributeError)."""
+    library = ctypes.CDLL(str(path))
+    for name in _SIGNATURES:
+        for suffix in _SUFFIX.values():
+            getattr(library, f"{name}_{suffix}")
+    return library
 
 
 def _reason(exc: Exception) -> str:
@@ -125,28 +141,34 @@ def _cache_folder() -> Path:
     return Path(root) / "lbtrain"
 
 
-def _built(compiler: str) -> Path:
-    """The library for this source, flags and platform: from the cache, or built into it
-    (a library found there needs no compiler)."""
-    source = _SOURCE.read_bytes()
+def _cached_path() -> Path:
+    """Where the library for this source, flags and platform lives in the cache folder."""
     parts = [" ".join(_FLAGS), platform.machine(), sys.platform]
-    key = hashlib.sha256(b"\0".join([source, *(part.encode() for part in parts)]))
-    path = _cache_folder() / f"batchnorm_host-{key.hexdigest()[:16]}.so"
-    if path.is_file():
-        return path
-    if shutil.which(compiler) is None:
-        raise ValueError(f"no C compiler {compiler!r} on PATH; set CC to one")
+    key = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), *(part.encode() for part in parts)]))
+    return _cache_folder() / f"batchnorm_host-{key.hexdigest()[:16]}.so"
+
+
+def _build(compiler: list[str], path: Path) -> ctypes.CDLL:
+    """Build the library with `compiler` (CC's words) into `path`, and load it."""
+    if not compiler or shutil.which(compiler[0]) is None:
+        raise ValueError(f"no C compiler {shlex.join(compiler)!r} on PATH; set CC to one")
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A file of this process's own, renamed into place: ranks building at once never load a
-    # half-written library, and the last rename wins with the same bytes.
+    # A file of this process's own, loaded and checked, then renamed into place: ranks
+    # building at once never load a half-written library, and the last rename wins with the
+    # same bytes.
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".so", delete=False) as handle:
         partial = Path(handle.name)
     try:
         subprocess.run(
-            [compiler, *_FLAGS, str(_SOURCE), "-o", str(partial)],
+            [*compiler, *_FLAGS, str(_SOURCE), "-o", str(partial)],
             check=True, capture_output=True, timeout=120,
         )  # fmt: skip
+        try:
+            library = _loaded(partial)
+        except (OSError, AttributeError) as exc:
+            raise ValueError(f"the C compiler's output does not load ({exc})") from None
+        partial.chmod(0o755)  # readable as any installed library (the temporary file is 0600)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
-    return path
+    return library

@@ -164,7 +164,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         native = _native(input, weight, bias, layer) if host else None
         ctx.native = native
         if native is not None:
-            return _native_forward(ctx, native, input.contiguous(), weight, bias, factor)
+            return _native_forward(ctx, native, input, weight, bias, factor)
         sums = _local_sums(input, channels, local, host) if local else None
         head = [*layer._tags(stamp), local]
         buffer, figures = _buffer(head, sums, channels, input.device)
@@ -249,7 +249,9 @@ def _native(
     """The compiled passes for this CPU input, where they apply: float32 or float64 with
     parameters and running figures of its type, on one thread or a small layer (else None:
     torch's kernels)."""
-    if input.dim() < 3:  # (N, C): BatchNorm's kernel is the quicker (a channel is strided)
+    if input.dim() < 3 or not input.is_contiguous():
+        # (N, C) or channels-last, where a channel's values are strided: BatchNorm's kernels
+        # are the quicker there, and keep the memory format.
         return None
     if input.numel() > _SERIAL and torch.get_num_threads() > 1:
         # The C passes run on one thread. Small layers are their case on any rank (torch's

@@ -11,7 +11,7 @@ from torch import nn
 
 from lbtrain import SyncBatchNorm, convert_sync_batchnorm
 from lbtrain.comm import run_ranks
-from lbtrain.parallel import batchnorm_host
+from lbtrain.parallel import batchnorm_host, batchnorm_step
 from tests.unit.test_sync_batchnorm import _split_run, _values
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
@@ -55,6 +55,63 @@ def test_a_channels_last_input_is_one_process_over_the_split_batch(passes):
     assert max(outputs, grads, params) < 1e-12
 
 
+def _compiled_here() -> None:
+    if batchnorm_host.kernels(torch.float64) is None:
+        pytest.skip(f"no compiled passes here: {batchnorm_host.describe()}")
+
+
+@pytest.mark.parametrize("sizes", [[5, 11, 8], [1, 0, 23]], ids=["5-11-8", "1-0-23"])
+def test_ranks_on_either_path_in_one_job_are_one_process(monkeypatch, sizes):
+    """Rank 0 on torch's kernels (a CUDA rank, a node without a compiler, a large layer on
+    many threads), the others compiled: both fill the collectives' slots alike."""
+    _compiled_here()
+    compiled = batchnorm_step._native
+
+    def rank_0_on_torch(input, weight, bias, layer):
+        return None if layer.comm.rank == 0 else compiled(input, weight, bias, layer)
+
+    monkeypatch.setattr(batchnorm_step, "_native", rank_0_on_torch)
+    torch.manual_seed(0)
+    model, inputs = _conv_model(), torch.randn(24, 2, 2, 4, 4, dtype=torch.float64) * 3 + 2
+    for _ in range(2):
+        outputs, grads, params = _split_run(model, inputs, sizes)
+        assert max(outputs, grads, params) < 1e-12, (outputs, grads, params)
+
+
+@pytest.mark.parametrize("channels", [2, 64])
+def test_an_input_of_other_channels_than_the_layer_s_is_one_line_on_every_rank(channels):
+    def work(comm):
+        layer = convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(3)), comm)
+        try:
+            layer(torch.randn(4, channels, 4, 4))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    said = _values(run_ranks(2, work, timeout=30))
+    assert (
+        said[0]
+        == said[1]
+        == (
+            f"synchronised BatchNorm layer '0' has 3 features, and its input {channels} channels "
+            f"(shape (4, {channels}, 4, 4)): build it with num_features={channels}, or check the "
+            "layer before it"
+        )
+    )
+
+
+def test_a_channels_last_input_gives_a_channels_last_output(passes):
+    def work(comm):
+        layer = convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(3)), comm)
+        x = torch.randn(4, 3, 5, 5).to(memory_format=torch.channels_last).requires_grad_()
+        out = layer(x)
+        out.sum().backward()
+        return out.is_contiguous(memory_format=torch.channels_last), x.grad.shape
+
+    for channels_last, shape in _values(run_ranks(2, work, timeout=30)):
+        assert channels_last and shape == (4, 3, 5, 5)
+
+
 def test_float32_figures_agree_with_torch_s_kernels(monkeypatch):
     """The same float32 split through both, on 2 ranks: outputs, gradients and running
     figures within float32 rounding of each other."""
@@ -68,7 +125,8 @@ def test_float32_figures_agree_with_torch_s_kernels(monkeypatch):
 
         def work(comm):
             layer = convert_sync_batchnorm(nn.BatchNorm2d(4), comm)
-            x = inputs[comm.rank * 4 : (comm.rank + 1) * 8].clone().requires_grad_()
+            start, stop = [(0, 4), (4, 12)][comm.rank]  # shares 4 and 8
+            x = inputs[start:stop].clone().requires_grad_()
             out = layer(x)
             (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
             return out, x.grad, layer.weight.grad, layer.bias.grad, layer.running_var
@@ -93,7 +151,28 @@ def test_without_a_compiler_torch_s_kernels_run_and_env_says_why(monkeypatch, tm
         batchnorm_host._library.cache_clear()
         assert batchnorm_host.kernels(torch.float32) is None
         assert batchnorm_host.describe() == "torch's kernels (the C compiler failed: exit 1)"
+        monkeypatch.setenv("CC", "true")  # one that writes nothing and says it worked
+        batchnorm_host._library.cache_clear()
+        assert batchnorm_host.kernels(torch.float32) is None
+        assert batchnorm_host.describe().startswith(
+            "torch's kernels (the C compiler's output does not load ("
+        )
         assert list(tmp_path.rglob("*.so")) == []  # nothing half-built left in the cache
+    finally:
+        batchnorm_host._library.cache_clear()
+
+
+@needs_cc
+def test_a_damaged_library_in_the_cache_is_built_again_with_cc_s_words(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CC", f"{shutil.which('cc')} -DLBTRAIN_TEST=1")  # a command and a flag
+    path = batchnorm_host._cached_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a library")
+    batchnorm_host._library.cache_clear()
+    try:
+        assert batchnorm_host.kernels(torch.float64) is not None, batchnorm_host.describe()
+        assert path.read_bytes()[:4] == b"\x7fELF" or path.stat().st_size > 1000
     finally:
         batchnorm_host._library.cache_clear()
 
