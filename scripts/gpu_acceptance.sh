@@ -21,6 +21,9 @@
 #                   2-core development VM lacks for 3 ranks (figures: MEASURED, as step 6)
 #   8. syncbn-bench issue 37's step cost of synchronised BatchNorm on 3 CPU ranks emulating
 #                   1x,2x,4x, a core each (scripts/bench_syncbn.py; figures: MEASURED)
+#   9. syncbn-alone the layer's own cost on one of the machine's cores: ResNet-44 at batch 9,
+#                   synchronised against plain, with the compiled CPU passes and with torch's
+#                   kernels (bench_syncbn.py --alone 9; figures: MEASURED)
 # STEPS=cuda-tests,train (say) runs only those, in the order above.
 # and writes OUT_DIR/summary.md: one table, a row per step (PASS / FAIL / SKIP and the
 # figures that matter). Paste it into BENCHMARKS.md. It never stops at the first failure:
@@ -41,7 +44,7 @@ GPU=${GPU:-cuda:0}
 EPOCHS=${EPOCHS:-5}
 TESTS=${TESTS:-tests/unit}
 JOBS=${JOBS:-1}
-STEPS=${STEPS:-cuda-tests,mixed-mpi,mixed-torch,train,sync-bench,whatif,whatif-cpu,syncbn-bench}
+STEPS=${STEPS:-cuda-tests,mixed-mpi,mixed-torch,train,sync-bench,whatif,whatif-cpu,syncbn-bench,syncbn-alone}
 wanted() { [[ ",$STEPS," == *",$1,"* ]]; }
 export OMP_NUM_THREADS=1 PYTHONPATH=.
 SUMMARY="$OUT/summary.md"
@@ -184,6 +187,18 @@ if wanted syncbn-bench; then
     else
         row syncbn-bench FAIL "$(tail -1 "$OUT/syncbn-bench.log")"
     fi
+fi
+
+if wanted syncbn-alone; then
+    for kernels in 1 0; do  # compiled, then torch's kernels
+        name=syncbn-alone-$kernels
+        if CUDA_VISIBLE_DEVICES= LBTRAIN_HOST_KERNELS=$kernels run_step "$name" 600 "$PY" \
+            scripts/bench_syncbn.py --alone 9; then
+            row "$name" MEASURED "$(grep -E "^ResNet-44" "$OUT/$name.log" | sed -E 's/^[^:]*: //')"
+        else
+            row "$name" FAIL "$(tail -1 "$OUT/$name.log")"
+        fi
+    done
 fi
 
 {
