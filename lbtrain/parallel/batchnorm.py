@@ -195,7 +195,7 @@ def convert_sync_batchnorm(model: nn.Module, comm: Communicator) -> nn.Module:
     """
     if not isinstance(model, nn.Module):  # the same on every rank: before the collective
         raise TypeError(f"model={model!r:.60} is not an nn.Module; pass the model to convert")
-    problem = _unsupported(model) or _host_kernels_problem()
+    problem = _unsupported(model) or _host_kernels_problem(model)
     layers = comm.allgather(None if problem else _layout(model))
     try:
         agree(comm, lambda: _raise(problem or _disagreement(layers)), name_rank=True)
@@ -225,7 +225,7 @@ def timed_as_synchronised(model: nn.Module, enabled: bool = True) -> Iterator[nn
     if enabled:
         from lbtrain.comm.single import SingleProcessCommunicator
 
-        problem = _host_kernels_problem()  # built now, not in a timed step
+        problem = _host_kernels_problem(model)  # built now, not in a timed step
         if problem is not None:
             raise ValueError(problem)
         alone = SingleProcessCommunicator()
@@ -281,11 +281,12 @@ def _convert(module: nn.Module) -> nn.Module:
     return module
 
 
-def _host_kernels_problem() -> str | None:
-    """A wrong LBTRAIN_HOST_KERNELS, refused on every rank; else the compiled passes are
-    built or loaded now, before any step is timed (a fraction of a second, once a machine)."""
+def _host_kernels_problem(model: nn.Module) -> str | None:
+    """A wrong LBTRAIN_HOST_KERNELS, refused on every rank; else, for a model with BatchNorm,
+    the compiled passes are built or loaded now, before any step is timed (a fraction of a
+    second, once a machine)."""
     try:
-        if setting():
+        if setting() and any(isinstance(m, _BatchNorm) for m in model.modules()):
             kernels(torch.float32)
     except ValueError as exc:
         return str(exc)

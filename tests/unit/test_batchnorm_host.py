@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lbtrain import SyncBatchNorm, convert_sync_batchnorm
-from lbtrain.comm import run_ranks
+from lbtrain.comm import SingleProcessCommunicator, run_ranks
 from lbtrain.parallel import batchnorm_host, batchnorm_step
 from tests.unit.test_sync_batchnorm import _split_run, _values
 
@@ -223,3 +223,13 @@ def test_a_large_layer_on_a_rank_of_many_threads_keeps_torch_s_parallel_kernels(
         assert _native(large, layer.weight, layer.bias, layer) is not None
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_model_without_batchnorm_builds_nothing(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    batchnorm_host._library.cache_clear()
+    try:
+        convert_sync_batchnorm(nn.Sequential(nn.Linear(2, 2)), SingleProcessCommunicator())
+        assert not (tmp_path / "lbtrain").exists()
+    finally:
+        batchnorm_host._library.cache_clear()
