@@ -103,7 +103,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--models", default="ssftt,resnet")
     parser.add_argument("--ranks", type=int, choices=(2, 3), default=3)
-    parser.add_argument("--alone", type=int, metavar="B", help="one process at batch B")
+    parser.add_argument(
+        "--alone",
+        type=int,
+        metavar="B",
+        help="one process at batch B (--models, --ranks, --epochs do not apply)",
+    )
     args = parser.parse_args()
     # examples.resnet_cifar is a module of the repository's root folder.
     root = str(Path(__file__).resolve().parents[1])

@@ -130,20 +130,7 @@ class SyncBatchNorm(_BatchNorm):
                 factor,
                 self.eps,
             )
-        self._check_features(input)
         return _SyncBatchNormFunction.apply(input, self.weight, self.bias, self, factor)
-
-    def _check_features(self, input: torch.Tensor) -> None:
-        """The input's channels against the layer's parameters and running figures (BatchNorm
-        checks them in its kernels; the synchronised passes index them by channel)."""
-        channels = input.shape[1]
-        for tensor in (self.weight, self.bias, self.running_mean, self.running_var):
-            if tensor is not None and tensor.numel() != channels:
-                raise ValueError(
-                    f"synchronised BatchNorm layer '{self.layer_name}' has {tensor.numel()} "
-                    f"features, and its input {channels} channels (shape {tuple(input.shape)}): "
-                    f"build it with num_features={channels}, or check the layer before it"
-                )
 
     def _tags(self, stamp: int) -> list[float]:
         """The slots before a collective's figures: the stamp, the layer, and their squares."""

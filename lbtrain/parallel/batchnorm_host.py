@@ -111,8 +111,11 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
             try:
                 return _loaded(path), ""
             except (OSError, AttributeError):
-                path.unlink(missing_ok=True)  # damaged, or not this library: built again
-        return _build(shlex.split(os.environ.get("CC") or "cc"), path), ""
+                # Damaged, or not loadable from this folder (noexec): built again, and put
+                # in its place only if the new one loads, so a folder this node cannot load
+                # from keeps the file the other nodes can.
+                pass
+        return _build(_compiler(), path), ""
     except (OSError, subprocess.SubprocessError, ValueError, AttributeError) as exc:
         why = _reason(exc)
         logger.debug("synchronised BatchNorm on CPU ranks: torch's kernels (%s)", why)
@@ -148,16 +151,32 @@ def _cached_path() -> Path:
     return _cache_folder() / f"batchnorm_host-{key.hexdigest()[:16]}.so"
 
 
+def _compiler() -> list[str]:
+    """CC's words (`ccache gcc`), or `cc` where CC is unset or blank."""
+    value = os.environ.get("CC", "")
+    try:
+        words = shlex.split(value)
+    except ValueError as exc:
+        raise ValueError(f"CC={value!r} cannot be read ({exc}); set CC to a C compiler") from None
+    return words or ["cc"]
+
+
 def _build(compiler: list[str], path: Path) -> ctypes.CDLL:
     """Build the library with `compiler` (CC's words) into `path`, and load it."""
-    if not compiler or shutil.which(compiler[0]) is None:
+    if shutil.which(compiler[0]) is None:
         raise ValueError(f"no C compiler {shlex.join(compiler)!r} on PATH; set CC to one")
-    path.parent.mkdir(parents=True, exist_ok=True)
     # A file of this process's own, loaded and checked, then renamed into place: ranks
     # building at once never load a half-written library, and the last rename wins with the
     # same bytes.
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".so", delete=False) as handle:
-        partial = Path(handle.name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".so", delete=False) as handle:
+            partial = Path(handle.name)
+    except OSError as exc:
+        raise ValueError(
+            f"the cache folder {path.parent} is not writable ({exc.strerror or exc}); set "
+            "XDG_CACHE_HOME to a writable folder"
+        ) from None
     try:
         subprocess.run(
             [*compiler, *_FLAGS, str(_SOURCE), "-o", str(partial)],
@@ -166,7 +185,10 @@ def _build(compiler: list[str], path: Path) -> ctypes.CDLL:
         try:
             library = _loaded(partial)
         except (OSError, AttributeError) as exc:
-            raise ValueError(f"the C compiler's output does not load ({exc})") from None
+            raise ValueError(
+                f"the library built in {path.parent} does not load ({exc}); set XDG_CACHE_HOME "
+                "to another folder"
+            ) from None
         partial.chmod(0o755)  # readable as any installed library (the temporary file is 0600)
         os.replace(partial, path)
     finally:

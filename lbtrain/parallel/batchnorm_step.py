@@ -20,6 +20,8 @@ from torch.autograd.function import once_differentiable
 
 from lbtrain.parallel.batchnorm_host import HostKernels, kernels
 
+_FLAGS = 4  # forward's slots after the tags (batchnorm.py's _TAG of them): see _forward_head
+
 if TYPE_CHECKING:
     from lbtrain.parallel.batchnorm import SyncBatchNorm
 
@@ -132,9 +134,52 @@ def _update_running(layer: SyncBatchNorm, mean: Any, unbiased: Any, factor: floa
             running.mul_(1 - factor).add_(_tensor(value, running.dtype), alpha=factor)
 
 
+def _forward_head(layer: SyncBatchNorm, stamp: int, input: torch.Tensor) -> list[float]:
+    """Forward's slots before the figures: the tags; then, where this rank's input does not
+    have the layer's channels, 1, its rank + 1 and its channels (else zeros), so that every
+    rank learns of it in the same collective; then this rank's count of values a channel."""
+    channels = input.shape[1]
+    assert layer.comm is not None
+    odd = channels != layer.num_features or any(
+        tensor is not None and tensor.numel() != channels
+        for tensor in (layer.weight, layer.bias, layer.running_mean, layer.running_var)
+    )
+    local = 0 if odd or not channels else input.numel() // channels
+    flags = [1, layer.comm.rank + 1, channels] if odd else [0, 0, 0]
+    return [*layer._tags(stamp), *flags, local]
+
+
+def _refuse_channels(layer: SyncBatchNorm, stamp: int, input: torch.Tensor) -> None:
+    """This rank's input does not fit the layer: join forward's collective with zeros (the
+    layer's size), so that the other ranks refuse too instead of waiting, then raise."""
+    head = _forward_head(layer, stamp, input)
+    buffer, _ = _buffer(head, None, layer.num_features, input.device)
+    layer._collective(buffer, head, "forward")
+    sizes = [t.numel() for t in (layer.weight, layer.running_mean) if t is not None]
+    features = sizes[0] if sizes else layer.num_features
+    raise ValueError(
+        f"synchronised BatchNorm layer '{layer.layer_name}' has {features} features, and its "
+        f"input {input.shape[1]} channels (shape {tuple(input.shape)}): build it with "
+        f"num_features={input.shape[1]}, or check the layer before it"
+    )
+
+
 def _counted(layer: SyncBatchNorm, buffer: torch.Tensor, head: list[float]) -> float:
-    """Forward's collective; the global count, refused unless above 1."""
-    count = layer._collective(buffer, head, "forward")[-1]
+    """Forward's collective; the global count, refused unless above 1, and refused on every
+    rank where some rank's input does not fit the layer (`_forward_head`)."""
+    summed = layer._collective(buffer, head, "forward")
+    odd, rank, channels, count = summed[_FLAGS], summed[_FLAGS + 1], summed[_FLAGS + 2], summed[-1]
+    if odd:
+        where = (
+            f"the input on rank {int(rank) - 1} {int(channels)} channels"
+            if odd == 1
+            else f"the inputs on {int(odd)} ranks other channel counts"
+        )
+        raise ValueError(
+            f"synchronised BatchNorm layer '{layer.layer_name}' has {layer.num_features} "
+            f"features, and {where}: build it with the input's channels as num_features, or "
+            "check the layer before it"
+        )
     if count <= 1:
         raise ValueError(
             f"synchronised BatchNorm layer '{layer.layer_name}' got {int(count)} value per "
@@ -161,12 +206,14 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             layer._forwards += 1
         stamp = layer._forwards if layer.stamp is None else layer.stamp
         ctx.layer, ctx.stamp = layer, stamp
+        if _forward_head(layer, stamp, input)[_FLAGS]:
+            _refuse_channels(layer, stamp, input)
         native = _native(input, weight, bias, layer) if host else None
         ctx.native = native
         if native is not None:
             return _native_forward(ctx, native, input, weight, bias, factor)
         sums = _local_sums(input, channels, local, host) if local else None
-        head = [*layer._tags(stamp), local]
+        head = _forward_head(layer, stamp, input)
         buffer, figures = _buffer(head, sums, channels, input.device)
         count = _counted(layer, buffer, head)
         mean, var = _combined(figures, channels, count)
@@ -284,7 +331,7 @@ def _native_forward(
     then the figures, the running update and the output, one call each."""
     layer: SyncBatchNorm = ctx.layer
     n, channels, s = _sizes(input)
-    head = [*layer._tags(ctx.stamp), n * s]
+    head = _forward_head(layer, ctx.stamp, input)
     buffer, _ = _buffer(head, None, channels, input.device)
     sums = buffer.data_ptr() + 8 * len(head)
     if input.numel():

@@ -100,6 +100,31 @@ def test_an_input_of_other_channels_than_the_layer_s_is_one_line_on_every_rank(c
     )
 
 
+def test_one_rank_s_input_of_other_channels_stops_every_rank_with_a_line():
+    """Only rank 0 is wrong: the others learn it in forward's collective, not by waiting."""
+
+    def work(comm):
+        layer = convert_sync_batchnorm(
+            nn.Sequential(nn.BatchNorm2d(3, affine=False, track_running_stats=False)), comm
+        )
+        try:
+            layer(torch.randn(4, 5 if comm.rank == 0 else 3, 4, 4))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    said = _values(run_ranks(3, work, timeout=30))
+    assert said[0].startswith("synchronised BatchNorm layer '0' has 3 features, and its input 5")
+    assert (
+        said[1]
+        == said[2]
+        == (
+            "synchronised BatchNorm layer '0' has 3 features, and the input on rank 0 5 channels: "
+            "build it with the input's channels as num_features, or check the layer before it"
+        )
+    )
+
+
 def test_a_channels_last_input_gives_a_channels_last_output(passes):
     def work(comm):
         layer = convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(3)), comm)
@@ -155,7 +180,13 @@ def test_without_a_compiler_torch_s_kernels_run_and_env_says_why(monkeypatch, tm
         batchnorm_host._library.cache_clear()
         assert batchnorm_host.kernels(torch.float32) is None
         assert batchnorm_host.describe().startswith(
-            "torch's kernels (the C compiler's output does not load ("
+            f"torch's kernels (the library built in {tmp_path / 'lbtrain'} does not load ("
+        )
+        monkeypatch.setenv("CC", 'gcc "-O2')  # unbalanced quotes: named, not a parser's words
+        batchnorm_host._library.cache_clear()
+        assert batchnorm_host.describe() == (
+            "torch's kernels (CC='gcc \"-O2' cannot be read (No closing quotation); set CC to a "
+            "C compiler)"
         )
         assert list(tmp_path.rglob("*.so")) == []  # nothing half-built left in the cache
     finally:
@@ -233,3 +264,12 @@ def test_a_model_without_batchnorm_builds_nothing(monkeypatch, tmp_path):
         assert not (tmp_path / "lbtrain").exists()
     finally:
         batchnorm_host._library.cache_clear()
+
+
+def test_env_names_a_difference_in_the_passes_and_not_in_the_cache_folders():
+    from lbtrain.cli.env import _same_or_by_rank
+
+    assert _same_or_by_rank(["compiled (/a/x.so)", "compiled (/b/x.so)"]) == "compiled (/a/x.so)"
+    assert _same_or_by_rank(["compiled (/a/x.so)", "torch's kernels (LBTRAIN_HOST_KERNELS=0)"]) == (
+        "differs by rank (below)"
+    )
