@@ -360,7 +360,7 @@ def _end_job(comm: Communicator | None, code: int) -> None:
         return
     from lbtrain.comm.mpi import abort_started
 
-    abort_started(code)
+    abort_started(code, grace=_ABORT_GRACE)  # as `_abort`: this rank's line leaves first
 
 
 def _abort(comm: Communicator, code: int) -> None:
