@@ -149,10 +149,10 @@ def _forward_head(layer: SyncBatchNorm, stamp: int, input: torch.Tensor) -> list
     return [*layer._tags(stamp), *flags, local]
 
 
-def _refuse_channels(layer: SyncBatchNorm, stamp: int, input: torch.Tensor) -> None:
+def _refuse_channels(layer: SyncBatchNorm, head: list[float], input: torch.Tensor) -> None:
     """This rank's input does not fit the layer: join forward's collective with zeros (the
-    layer's size), so that the other ranks refuse too instead of waiting, then raise."""
-    head = _forward_head(layer, stamp, input)
+    layer's size) under `head` (`_forward_head`'s), so that the other ranks refuse too
+    instead of waiting, then raise."""
     buffer, _ = _buffer(head, None, layer.num_features, input.device)
     layer._collective(buffer, head, "forward")
     sizes = [t.numel() for t in (layer.weight, layer.running_mean) if t is not None]
@@ -206,14 +206,14 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             layer._forwards += 1
         stamp = layer._forwards if layer.stamp is None else layer.stamp
         ctx.layer, ctx.stamp = layer, stamp
-        if _forward_head(layer, stamp, input)[_FLAGS]:
-            _refuse_channels(layer, stamp, input)
+        head = _forward_head(layer, stamp, input)
+        if head[_FLAGS]:
+            _refuse_channels(layer, head, input)
         native = _native(input, weight, bias, layer) if host else None
         ctx.native = native
         if native is not None:
-            return _native_forward(ctx, native, input, weight, bias, factor)
+            return _native_forward(ctx, native, input, weight, bias, factor, head)
         sums = _local_sums(input, channels, local, host) if local else None
-        head = _forward_head(layer, stamp, input)
         buffer, figures = _buffer(head, sums, channels, input.device)
         count = _counted(layer, buffer, head)
         mean, var = _combined(figures, channels, count)
@@ -325,13 +325,18 @@ def _pointer(tensor: torch.Tensor | None) -> int | None:
 
 
 def _native_forward(
-    ctx: Any, native: HostKernels, input: torch.Tensor, weight: Any, bias: Any, factor: float
+    ctx: Any,
+    native: HostKernels,
+    input: torch.Tensor,
+    weight: Any,
+    bias: Any,
+    factor: float,
+    head: list[float],
 ) -> torch.Tensor:
-    """Forward on a CPU rank through the compiled passes: this rank's sums, the collective,
-    then the figures, the running update and the output, one call each."""
+    """Forward on a CPU rank through the compiled passes: this rank's sums, the collective
+    (under `head`), then the figures, the running update and the output, one call each."""
     layer: SyncBatchNorm = ctx.layer
     n, channels, s = _sizes(input)
-    head = _forward_head(layer, ctx.stamp, input)
     buffer, _ = _buffer(head, None, channels, input.device)
     sums = buffer.data_ptr() + 8 * len(head)
     if input.numel():
