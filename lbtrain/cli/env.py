@@ -86,6 +86,7 @@ def _rank_facts(comm: Communicator) -> dict[str, object]:
 def collect(comm: Communicator) -> list[tuple[str, str]]:
     """The lines of the report as (label, value) pairs; collective (one allgather)."""
     ranks = comm.allgather(_rank_facts(comm))
+    answers = [str(facts["batchnorm"]) for facts in ranks]
     items: list[tuple[str, str]] = [
         ("lbtrain", lbtrain.__version__),
         ("Python", sys.version.split()[0]),
@@ -104,9 +105,8 @@ def collect(comm: Communicator) -> list[tuple[str, str]]:
         ("MPIR_CVAR_ASYNC_PROGRESS", os.environ.get("MPIR_CVAR_ASYNC_PROGRESS", "(unset)")),
         ("matplotlib", "yes" if importlib.util.find_spec("matplotlib") else "no (--plot off)"),
         # Each rank's answer (a node without a compiler runs torch's kernels: the same sums).
-        ("BatchNorm on CPU ranks", _same_or_by_rank([facts["batchnorm"] for facts in ranks])),
+        ("BatchNorm on CPU ranks", _same_or_by_rank(answers)),
     ]
-    answers = [facts["batchnorm"] for facts in ranks]
     for facts in ranks:
         devices = ", ".join(facts["cuda_devices"]) or "none"
         items.append(
