@@ -23,7 +23,8 @@
 #                   1x,2x,4x, a core each (scripts/bench_syncbn.py; figures: MEASURED)
 #   9. syncbn-alone the layer's own cost on one of the machine's cores: ResNet-44 at batch 9,
 #                   synchronised against plain, with the compiled CPU passes and with torch's
-#                   kernels (bench_syncbn.py --alone 9; figures: MEASURED)
+#                   kernels (bench_syncbn.py --alone 9), and compiled with a 3 ms nap
+#                   before each collective, as an emulated 4x rank sleeps (--nap 3; MEASURED)
 # STEPS=cuda-tests,train (say) runs only those, in the order above.
 # and writes OUT_DIR/summary.md: one table, a row per step (PASS / FAIL / SKIP and the
 # figures that matter). Paste it into BENCHMARKS.md. It never stops at the first failure:
@@ -190,10 +191,13 @@ if wanted syncbn-bench; then
 fi
 
 if wanted syncbn-alone; then
-    for kernels in 1 0; do  # compiled, then torch's kernels
-        name=syncbn-alone-$kernels
-        if CUDA_VISIBLE_DEVICES= LBTRAIN_HOST_KERNELS=$kernels run_step "$name" 600 "$PY" \
-            scripts/bench_syncbn.py --alone 9; then
+    # compiled, torch's kernels, then compiled with the naps of an emulated 4x rank
+    for variant in 1 0 1-nap; do
+        name=syncbn-alone-$variant
+        naps=()
+        [[ $variant == *-nap ]] && naps=(--nap 3)
+        if CUDA_VISIBLE_DEVICES= LBTRAIN_HOST_KERNELS=${variant%-nap} run_step "$name" 600 \
+            "$PY" scripts/bench_syncbn.py --alone 9 "${naps[@]}"; then
             row "$name" MEASURED "$(grep -E "^ResNet-44" "$OUT/$name.log" | sed -E 's/^[^:]*: //')"
         else
             row "$name" FAIL "$(tail -1 "$OUT/$name.log")"
