@@ -16,6 +16,7 @@ mpiexec too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -51,7 +52,9 @@ class Job:
         folder.mkdir(parents=True, exist_ok=True)
         self.stdout_path = folder / f"stdout-{time.monotonic_ns()}.txt"
         self.stderr_path = self.stdout_path.with_name("stderr" + self.stdout_path.name[6:])
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        # faulthandler: a rank that hangs prints its stack when `finish` gives up on it.
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+               "PYTHONFAULTHANDLER": "1"}  # fmt: skip
         command = [mpiexec_path(), "-n", str(ranks), *lbtrain_command(), verb, *args]
         with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
             self.process = subprocess.Popen(
@@ -104,9 +107,20 @@ class Job:
         try:
             return self.process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            self._dump_stacks()
             self.kill()
             self.process.wait()
             raise AssertionError(f"no exit within {timeout} s (a hang?)\n{self.output()}") from None
+
+    def _dump_stacks(self) -> None:
+        """SIGABRT the ranks of a hung job: each prints where it is (faulthandler) on its
+        stderr, which mpiexec forwards before it ends (waited for, up to 10 s)."""
+        for pid in self.rank_pids().values():
+            if _is_rank(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
 
     def output(self) -> str:
         return f"{' '.join(self.command)}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
