@@ -62,10 +62,26 @@ def _step(
                "--sync-batchnorm", sync, "--devices", "cpu",
                "--no-curves", "--quiet", "--out", str(out)]  # fmt: skip
     run_command(lbtrain_command("train", len(slowdowns), options))
-    steps = [e["step_seconds"] for e in epochs_of(out)[1:]]
-    if not steps:
+    epochs = epochs_of(out)[1:]
+    if not epochs:
         raise BenchError("need at least 2 epochs")
-    return statistics.median(steps)
+    # Where the step goes on each rank: its compute (stretched) and its wait, a step.
+    ranks = [
+        (
+            statistics.median(e["ranks"][r]["compute"] / e["steps"] for e in epochs),
+            statistics.median(e["ranks"][r]["wait"] / e["steps"] for e in epochs),
+        )
+        for r in range(len(slowdowns))
+    ]
+    print(
+        "  a step, compute / wait: "
+        + ", ".join(
+            f"{s:g}x {c * 1e3:.0f} / {w * 1e3:.0f} ms"
+            for s, (c, w) in zip(slowdowns, ranks, strict=True)
+        ),
+        flush=True,
+    )
+    return statistics.median(e["step_seconds"] for e in epochs)
 
 
 def _alone(batch: int, nap: float, rounds: int = 4, steps: int = 8) -> None:
