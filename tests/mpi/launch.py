@@ -96,7 +96,9 @@ def run_torchrun(
 def _run(
     command: list[str], timeout: float, env: dict[str, str] | None
 ) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    # faulthandler: a rank that hangs prints its stack when the timeout aborts it.
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
+                "PYTHONFAULTHANDLER": "1"}  # fmt: skip
     full_env.update(env or {})
     # A new session lets the timeout kill the launcher and every rank it started together.
     with subprocess.Popen(
@@ -111,8 +113,14 @@ def _run(
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            kill_job(process.pid)
-            stdout, stderr = process.communicate()
+            family = abort_job(process.pid)
+            try:  # until the launcher has passed the stacks on
+                stdout, stderr = process.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                stdout = stderr = ""
+            kill_job(process.pid, family)
+            more = process.communicate()
+            stdout, stderr = stdout + more[0], stderr + more[1]
             raise AssertionError(
                 f"{' '.join(command)} did not finish within {timeout}s (a hang?)\n"
                 f"stdout:\n{stdout}\nstderr:\n{stderr}"
@@ -120,13 +128,28 @@ def _run(
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-def kill_job(pid: int) -> None:
-    """SIGKILL the launcher `pid`, its process group and every process descended from it.
+def abort_job(pid: int) -> list[int]:
+    """SIGABRT the Python processes below the launcher `pid` (the ranks; torchrun's agent),
+    so that each prints its stack where PYTHONFAULTHANDLER is set; the processes found
+    below it, for `kill_job` once the launcher has passed the stacks on."""
+    family = _descendants(pid)
+    for member in family:
+        try:
+            if b"python" in Path(f"/proc/{member}/cmdline").read_bytes():
+                os.kill(member, signal.SIGABRT)
+        except (OSError, ProcessLookupError):
+            pass
+    return family
+
+
+def kill_job(pid: int, family: list[int] | None = None) -> None:
+    """SIGKILL the launcher `pid`, its process group and every process descended from it
+    (and `family`, found before: a rank whose launcher has ended is no longer below it).
 
     Hydra and torchrun start each rank in a session of its own, out of the launcher's
     process group, so the ranks are found through their parents.
     """
-    family = _descendants(pid)
+    family = sorted({*_descendants(pid), *(family or [])})
     for member in [*family, pid]:
         try:
             os.kill(member, signal.SIGKILL)

@@ -29,7 +29,7 @@ import torch
 from lbtrain.trainer.checkpoint import list_checkpoints, load_checkpoint
 from tests.fixtures.faulty_runs import SCHEDULE, final_model, plan_file, same
 from tests.fixtures.faulty_runs import faulty as _train_args
-from tests.mpi.launch import REPO, lbtrain_command, mpiexec_path
+from tests.mpi.launch import REPO, abort_job, lbtrain_command, mpiexec_path
 from tests.ranks import lbtrain_ranks
 
 
@@ -115,8 +115,9 @@ class Job:
     def _dump_stacks(self) -> None:
         """SIGABRT the ranks of a hung job: each prints where it is (faulthandler) on its
         stderr, which mpiexec forwards before it ends (waited for, up to 10 s)."""
-        for pid in {*self.rank_pids().values(), *_descendants(self.process.pid)}:
-            if _is_rank(pid):
+        family = abort_job(self.process.pid)
+        for pid in self.rank_pids().values():  # a rank its launcher no longer holds
+            if pid not in family and _is_rank(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGABRT)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -141,23 +142,6 @@ def _is_rank(pid: int) -> bool:
         return b"lbtrain" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-
-
-def _descendants(root: int) -> set[int]:
-    """The processes below `root` (mpiexec's ranks, under its proxy), from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # The parent's pid is the second field after the command's closing parenthesis.
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = set(), [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def _alive(pid: int) -> bool:
