@@ -291,6 +291,24 @@ def run_ranks(
         thread.join(2 * timeout)
     late = [rank for rank, thread in enumerate(threads) if thread.is_alive()]
     if late:
+        # Where each late rank is, read before the abort moves it.
+        frames = sys._current_frames()
+        where = "; ".join(f"rank {r} {_where(frames.get(threads[r].ident))}" for r in late)
         world.abort(1, late[0])
-        raise TimeoutError(f"ranks {late} of the in-process world still ran after {2 * timeout} s")
+        raise TimeoutError(
+            f"ranks {late} of the in-process world still ran after {2 * timeout} s ({where})"
+        )
     return results
+
+
+def _where(frame: Any, depth: int = 3) -> str:
+    """'at FILE:LINE in FUNCTION, ...' for a thread's innermost `depth` frames (or 'ended')."""
+    if frame is None:
+        return "ended"
+    places = []
+    while frame is not None and len(places) < depth:
+        code = frame.f_code
+        name = code.co_filename.rsplit("/", 1)[-1]
+        places.append(f"{name}:{frame.f_lineno} in {code.co_name}")
+        frame = frame.f_back
+    return "at " + ", ".join(places)

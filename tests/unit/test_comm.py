@@ -53,3 +53,31 @@ def test_single_process_operations():
     assert buffer.tolist() == [0.0, 1.0, 2.0, 3.0]
     with pytest.raises(ValueError, match="Invalid root 2"):
         comm.broadcast_(buffer, root=2)
+
+
+def test_a_rank_still_running_at_the_timeout_is_named_with_where_it_is():
+    # A hang in a test on in-process ranks should say where, not only that: the late
+    # rank's innermost frames are in the error's one line.
+    import threading
+
+    from lbtrain.comm import run_ranks
+
+    release = threading.Event()
+
+    def stuck_here() -> None:
+        release.wait()
+
+    def work(comm) -> int:
+        if comm.rank == 1:
+            stuck_here()
+        return comm.rank
+
+    try:
+        with pytest.raises(TimeoutError) as info:
+            run_ranks(2, work, timeout=0.05)
+    finally:
+        release.set()
+    message = str(info.value)
+    assert "ranks [1]" in message and "rank 1 at threading.py" in message, message
+    assert "test_comm.py" in message and "in stuck_here" in message, message
+    assert "\n" not in message
