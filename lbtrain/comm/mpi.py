@@ -146,6 +146,9 @@ class MPICommunicator:
         sys.stdout.flush()
         sys.stderr.flush()
         self._comm.Abort(code)
+        # MPICH's MPI_Abort asks the launcher to end the job and returns at once: this rank
+        # must not run on meanwhile (more output, exit handlers, MPI_Finalize).
+        os._exit(code)
 
     def _host_buffer(self, buffer: torch.Tensor) -> torch.Tensor:
         key = (buffer.dtype, buffer.numel())
@@ -301,3 +304,4 @@ def abort_started(code: int, grace: float = 0.0) -> None:
         if grace > 0:
             time.sleep(grace)
         mpi.COMM_WORLD.Abort(code)
+        os._exit(code)  # as `MPICommunicator.abort`: MPI_Abort may return

@@ -31,6 +31,7 @@ from lbtrain.trainer.initial_plan import make_plan, plan_notes
 from lbtrain.trainer.optim import build_optimizer
 from lbtrain.trainer.resume import check_trainable, read_checkpoint, worlds_of
 from lbtrain.trainer.run_folder import check_named_outputs, prepare_out
+from lbtrain.trainer.signals import held_signals
 from lbtrain.workloads import Workload
 
 __all__ = ["Setup", "set_up"]
@@ -137,7 +138,8 @@ def _import_what_torch_imports_late() -> float:
     count an import as profiling; before the checks, a mistyped setting would wait for it.
     """
     began = time.perf_counter()
-    import torch._dynamo  # noqa: F401
+    with held_signals():  # a Ctrl-C inside this import came out as a RuntimeError
+        import torch._dynamo  # noqa: F401
 
     return time.perf_counter() - began
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
-__all__ = ["SIGNAL_EXIT", "Interrupted", "StopSignal"]
+__all__ = ["SIGNAL_EXIT", "Interrupted", "StopSignal", "held_signals"]
 
 # Exit statuses of a run stopped by a signal, as shells report them (128 + signal number).
 SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -105,6 +105,36 @@ class StopSignal:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+@contextmanager
+def held_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM that come during the block reach their handlers after it.
+
+    For an import of third-party code: a handler's exception raised inside it may come out
+    as another. Python 3.11 wraps one raised in a class body's `__set_name__` (torch._dynamo
+    has such classes) in a RuntimeError: a Ctrl-C there ended a run with "Error calling
+    __set_name__" and status 2, not one line and 130; and code that catches Exception around
+    it would lose the signal. Only the main thread runs handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {
+        s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in SIGNAL_EXIT
+    }
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in caught:
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, None)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 def _stderr() -> tuple[int, bool] | None:

@@ -101,3 +101,12 @@ def test_an_exception_on_one_rank_aborts_every_rank_with_its_message():
     result = run_mpi(SCRIPTS / "abort_on_error.py", 3, timeout=60)
     assert result.returncode != 0
     assert "boom on rank 1: this message must reach the user" in result.stderr
+
+
+def test_a_rank_that_aborts_the_job_goes_no_further():
+    # MPICH's MPI_Abort returns at once and the launcher ends the job a moment later: the
+    # rank must not run on meanwhile (say a line more, or meet MPI_Finalize).
+    result = run_mpi(SCRIPTS / "abort_on_error.py", 2, "abort", timeout=60)
+    output = result.stdout + result.stderr
+    assert result.returncode == 3, output
+    assert "abort returned" not in output and "boom" not in output, output
