@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,21 @@ from tests.fixtures.faulty_runs import BATCH, FAULTY, final_model, plan_file, sa
 EPOCHS = 7
 
 
+@dataclass(frozen=True)
+class ModelTimes(StepTimes):
+    """A step's modelled times, whole: the engine moves the wait it timed inside the step
+    (the epoch check, on the real clock) from compute to wait, and under load that moved
+    the re-planner's figures (a plan of 24/16 against 23/17 in one run of a busy suite)."""
+
+    @property
+    def compute(self) -> float:
+        return (self.computed - self.start) + (self.done - self.synced)
+
+    @property
+    def wait(self) -> float:
+        return self.waited - self.computed
+
+
 class ModelTimer(StepTimer):
     """Times that follow a model: rank r's step costs b x cost[r] s, from epoch 2 on rank 1
     4x more; the sync 1 ms. What the re-planner decides from them never varies."""
@@ -35,7 +51,7 @@ class ModelTimer(StepTimer):
     def times(self, marks, samples: int, epoch: int) -> StepTimes:
         cost = [1.0, 1 / 3][self.rank] * (4.0 if self.rank == 1 and epoch >= 2 else 1.0)
         compute = 1e-3 * samples * cost
-        return StepTimes(0.0, compute, compute, compute + 1e-3, compute + 1e-3, samples)
+        return ModelTimes(0.0, compute, compute, compute + 1e-3, compute + 1e-3, samples)
 
 
 class StopAt(Callback):
