@@ -22,8 +22,10 @@ from __future__ import annotations
 import pickle
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -305,10 +307,5 @@ def _where(frame: Any, depth: int = 3) -> str:
     """'at FILE:LINE in FUNCTION, ...' for a thread's innermost `depth` frames (or 'ended')."""
     if frame is None:
         return "ended"
-    places = []
-    while frame is not None and len(places) < depth:
-        code = frame.f_code
-        name = code.co_filename.rsplit("/", 1)[-1]
-        places.append(f"{name}:{frame.f_lineno} in {code.co_name}")
-        frame = frame.f_back
-    return "at " + ", ".join(places)
+    places = reversed(traceback.extract_stack(frame, limit=depth))  # innermost first
+    return "at " + ", ".join(f"{Path(p.filename).name}:{p.lineno} in {p.name}" for p in places)
