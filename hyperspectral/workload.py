@@ -322,6 +322,7 @@ def build(seed: int = 0, **options: Any) -> Workload:
         # Only the map needs every pixel predicted; without it the trainer can skip that pass.
         predict_set=data.predict_set() if opts["map"] else None,
         predict_unit=w,
+        predict_note="every pixel of the scene for the map (--no-map skips it)",
         collate_fn=keep_batch,
         artifacts=artifacts_hook(scene, split, opts["map"], _model_label(model, patch, members)),
         outputs=ARTIFACTS,

@@ -9,7 +9,7 @@ workload's artifact hook receives.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,6 +20,9 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from lbtrain.comm import Communicator
+
+# Told (items done, items in all) on this rank: once before the first batch, then after each.
+Progress = Callable[[int, int], None]
 
 __all__ = [
     "ArtifactContext",
@@ -146,6 +149,19 @@ def _batches(
     )
 
 
+def _counted(batches: DataLoader, total: int, progress: Progress | None) -> Iterator[Any]:
+    """The `batches`, telling `progress` how many of the `total` items have gone by."""
+    if progress is None:
+        yield from batches
+        return
+    done = 0
+    progress(done, total)
+    for batch in batches:
+        yield batch
+        done += len(batch[1])  # the targets': one per item, whatever the inputs are
+        progress(done, total)
+
+
 def evaluate(
     model: nn.Module,
     dataset: Dataset,
@@ -156,14 +172,19 @@ def evaluate(
     device: torch.device,
     batch_size: int = 256,
     collate_fn: Callable | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Score `dataset` across ranks and return the metrics of the summed state; collective."""
+    """Score `dataset` across ranks and return the metrics of the summed state; collective.
+    `progress` hears this rank's items done and in all, before the first batch and after each.
+    """
     start, stop = share_bounds(len(dataset), weights)[comm.rank]  # type: ignore[arg-type]
     state = evaluator.new_state()
     was_training = model.training
     model.eval()
     with torch.inference_mode():
-        for inputs, targets in _batches(dataset, start, stop, batch_size, collate_fn):
+        for inputs, targets in _counted(
+            _batches(dataset, start, stop, batch_size, collate_fn), stop - start, progress
+        ):
             evaluator.update(state, model(inputs.to(device)), targets)
     model.train(was_training)
     state = np.ascontiguousarray(state)
@@ -181,18 +202,20 @@ def predict(
     unit: int = 1,
     batch_size: int = 256,
     collate_fn: Callable | None = None,
+    progress: Progress | None = None,
 ) -> np.ndarray:
     """The argmax class of every item of `dataset`, in order, on every rank; collective.
 
     Each rank predicts one strip of whole units (rows), sized by its weight; the strips are
-    gathered in rank order, which is the dataset's order.
+    gathered in rank order, which is the dataset's order. `progress` as in `evaluate`.
     """
     start, stop = share_bounds(len(dataset), weights, unit)[comm.rank]  # type: ignore[arg-type]
     parts = []
     was_training = model.training
     model.eval()
     with torch.inference_mode():
-        for inputs, _ in _batches(dataset, start, stop, batch_size, collate_fn):
+        batches = _batches(dataset, start, stop, batch_size, collate_fn)
+        for inputs, _ in _counted(batches, stop - start, progress):
             parts.append(model(inputs.to(device)).argmax(1).to("cpu", torch.int32).numpy())
     model.train(was_training)
     mine = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)

@@ -16,6 +16,7 @@ __all__ = [
     "metric_title",
     "plural",
     "text_table",
+    "wall_time_parts",
 ]
 
 
@@ -77,3 +78,19 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], left: i
 def plural(count: int, noun: str) -> str:
     """`count` and `noun`, with an s unless there is exactly one: "1 epoch", "3 epochs"."""
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+# The wall time's other parts, shown where they come to 0.1 s or more (older summaries lack
+# the keys): what a run spends beside profiling and training steps.
+_PARTS = (("eval_seconds", "evaluation"), ("predict_seconds", "predictions"),
+          ("checkpoint_seconds", "checkpoints"))  # fmt: skip
+
+
+def wall_time_parts(summary: Mapping[str, Any]) -> str:
+    """The wall time's parts beside profiling and training (`, evaluation 9.6 s, ...`)."""
+    parts = []
+    for key, name in _PARTS:
+        shown = f"{summary.get(key) or 0.0:.1f}"
+        if shown != "0.0":
+            parts.append(f", {name} {shown} s")
+    return "".join(parts)

@@ -84,6 +84,8 @@ class Workload:
             pixel); its targets are ignored.
         predict_unit: predict_set is cut between ranks at multiples of this many items (a
             scene row, so each rank predicts whole horizontal strips).
+        predict_note: what predicting predict_set is for, in the line the trainer prints
+            before it ("every pixel of the scene, for the map"); default "the predict set".
         collate_fn: collate function for the loaders; a dataset with a vectorised
             `__getitems__` that returns a whole batch passes `keep_batch`.
         artifacts: rank-0 hook called once after the final evaluation; returns the paths
@@ -116,6 +118,7 @@ class Workload:
     evaluator: Evaluator | None = None
     predict_set: Dataset | None = None
     predict_unit: int = 1
+    predict_note: str = ""
     collate_fn: Callable[[Any], Any] | None = None
     artifacts: Callable[[ArtifactContext], list[Path]] | None = None
     outputs: tuple[str, ...] = ()

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from lbtrain.runs.folder import Run
-from lbtrain.text import device_label, format_metric, metric_title, text_table
+from lbtrain.text import device_label, format_metric, metric_title, text_table, wall_time_parts
 
 __all__ = ["format_run"]
 
@@ -196,7 +196,7 @@ def _final(run: Run) -> str:
     lines.append(
         f"wall time {_seconds(summary.get('wall_seconds'))} (profiling "
         f"{_seconds(summary.get('profile_seconds'))}, training "
-        f"{_seconds(summary.get('train_seconds'))})"
+        f"{_seconds(summary.get('train_seconds'))}{wall_time_parts(summary)})"
         + (f", {rate:,.0f} samples/s" if isinstance(rate, int | float) else "")
     )
     error = summary.get("prediction_error_median")

@@ -27,7 +27,7 @@ from lbtrain.trainer.checkpoint import CHECKPOINT_DIR, checkpoint_state, restore
 from lbtrain.trainer.engine import Callback, Engine, RunState, StepTimer
 from lbtrain.trainer.observers import TensorBoardCallback, TraceCallback
 from lbtrain.trainer.optim import build_optimizer, build_scheduler
-from lbtrain.trainer.progress import Progress
+from lbtrain.trainer.progress import Progress, item_bar
 from lbtrain.trainer.replanner import Replanner
 from lbtrain.trainer.resume import follow_schedule
 from lbtrain.trainer.run_outputs import RunOutputs, world_change
@@ -175,16 +175,18 @@ def _evaluations(setup: Setup) -> EvaluateCallback:
     evaluator = workload.get_evaluator()
 
     def run_eval(engine: Engine) -> dict[str, Any]:
-        return evaluate(
-            engine.model,
-            workload.eval_set,
-            evaluator,
-            setup.comm,
-            engine.plan.weights,  # re-planning may have switched the plan
-            device=engine.device,
-            batch_size=config.eval_batch,
-            collate_fn=workload.collate_fn,
-        )
+        with item_bar(setup.prints, "evaluating (rank 0's share)") as progress:
+            return evaluate(
+                engine.model,
+                workload.eval_set,
+                evaluator,
+                setup.comm,
+                engine.plan.weights,  # re-planning may have switched the plan
+                device=engine.device,
+                batch_size=config.eval_batch,
+                collate_fn=workload.collate_fn,
+                progress=progress,
+            )
 
     return EvaluateCallback(run_eval, config.eval_every, evaluator.headline, setup.say)
 

@@ -242,22 +242,35 @@ class EvaluateCallback(Callback):
         every: int,
         headline: tuple[str, ...],
         say: Callable[[str], None],
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.evaluate, self.every, self.headline, self.say = evaluate, every, headline, say
+        self._clock = clock
         self.evaluations: list[dict[str, Any]] = []
         self.final: dict[str, Any] | None = None  # all the metrics of the last evaluation
+        # This rank's seconds evaluating, in all sessions, and those of the final evaluation
+        # (which a checkpoint at the fit's end leaves out, as it leaves out its figures).
+        self.seconds, self._final_seconds = 0.0, 0.0
 
     def on_epoch_end(self, engine: Engine, record: EpochRecord) -> None:
         epoch = record.epoch + 1
         # The last epoch's evaluation is the final one, at the fit's end.
         if self.every and epoch % self.every == 0 and not engine.state.finished:
-            self._add(engine, epoch, self.evaluate(engine))
+            self._add(engine, epoch, self._timed(engine))
 
     def on_fit_end(self, engine: Engine) -> None:
         # Also a run resumed with every epoch done: it evaluates only. Not a stopped run.
         if not engine.state.stop_code:
-            self.final = self.evaluate(engine)
+            before = self.seconds
+            self.final = self._timed(engine)
+            self._final_seconds = self.seconds - before
             self._add(engine, engine.state.epochs, self.final)
+
+    def _timed(self, engine: Engine) -> dict[str, Any]:
+        started = self._clock()
+        metrics = self.evaluate(engine)
+        self.seconds += self._clock() - started
+        return metrics
 
     def _add(self, engine: Engine, epoch: int, metrics: dict[str, Any]) -> None:
         """Keep (and log) one evaluation's headline figures."""
@@ -270,10 +283,11 @@ class EvaluateCallback(Callback):
         # Without the final evaluation (a checkpoint written at the fit's end comes after
         # it): a resume evaluates at its own end, and would list that epoch twice.
         kept = self.evaluations[:-1] if self.final is not None else self.evaluations
-        return {"evaluations": kept}
+        return {"evaluations": kept, "seconds": self.seconds - self._final_seconds}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.evaluations = list(state.get("evaluations", []))
+        self.seconds = float(state.get("seconds", 0.0))  # none kept before the figure was
 
 
 # Writing checkpoints by time may take at most this share of the training time: a write

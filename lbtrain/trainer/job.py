@@ -18,9 +18,11 @@ from typing import Any
 from lbtrain.comm import Communicator
 from lbtrain.denormals import as_before, flushing_threads
 from lbtrain.evaluation import predict
+from lbtrain.text import plural
 from lbtrain.trainer.build import Run, build_run
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.engine import Callback, StepTimer
+from lbtrain.trainer.progress import item_bar
 from lbtrain.trainer.resume import AUTO, resumed_from
 from lbtrain.trainer.run_folder import discard_reserved
 from lbtrain.trainer.run_outputs import (
@@ -117,24 +119,40 @@ def _stopped(setup: Setup, run: Run) -> TrainResult:
     return TrainResult(setup.out, None, None, state.stop_code, Path(saved) if saved else None)
 
 
+def _predictions(setup: Setup, run: Run) -> tuple[Any, float]:
+    """The workload's predict_set predicted for its artifacts (None if it has none), and the
+    seconds that took; announced first, since it may take longer than an epoch."""
+    workload, engine = setup.workload, run.engine
+    if workload.predict_set is None or workload.artifacts is None:
+        return None, 0.0
+    count = len(workload.predict_set)  # type: ignore[arg-type]
+    setup.say(
+        f"predicting {workload.predict_note or 'the predict set'}: {count:,} items on "
+        f"{plural(engine.comm.size, 'rank')}"
+    )
+    started = time.perf_counter()
+    with item_bar(setup.prints, "predicting (rank 0's share)") as progress:
+        predictions = predict(
+            engine.model,
+            workload.predict_set,
+            engine.comm,
+            engine.plan.weights,
+            device=engine.device,
+            unit=workload.predict_unit,
+            batch_size=setup.config.eval_batch,
+            collate_fn=workload.collate_fn,
+            progress=progress,
+        )
+    return predictions, time.perf_counter() - started
+
+
 def _finish(setup: Setup, run: Run, outputs: RunOutputs) -> TrainResult:
     """Predictions, the summary and the outputs, after the last epoch and its evaluation."""
     engine, workload, config = run.engine, setup.workload, setup.config
     comm, plan = engine.comm, engine.plan
     metrics = run.evaluations.final
     assert metrics is not None  # a fit that was not stopped ends with its evaluation
-    predictions = None
-    if workload.predict_set is not None and workload.artifacts is not None:
-        predictions = predict(
-            engine.model,
-            workload.predict_set,
-            comm,
-            plan.weights,
-            device=engine.device,
-            unit=workload.predict_unit,
-            batch_size=config.eval_batch,
-            collate_fn=workload.collate_fn,
-        )
+    predictions, predict_seconds = _predictions(setup, run)
     # Each rank's emulated slowdown as the run ended: --emulate-change may have moved it.
     last = comm.allgather(setup.slowdown_at(max(config.epochs - 1, 0)).factor)
     evaluations = run.evaluations.evaluations
@@ -155,6 +173,8 @@ def _finish(setup: Setup, run: Run, outputs: RunOutputs) -> TrainResult:
         flushing=comm.allgather(flushing_threads()),
         checkpoints=run.checkpoints.count,
         checkpoint_seconds=run.checkpoints.total,
+        eval_seconds=run.evaluations.seconds,
+        predict_seconds=predict_seconds,
     )
     setup.on_root(lambda: write_outputs(setup, plan, metrics, summary, predictions))
     # After the outputs: the end line and summary.json say the run finished, so a stop while

@@ -3,11 +3,43 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TextIO
 
 from tqdm import tqdm
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "item_bar"]
+
+
+@contextmanager
+def item_bar(
+    enabled: bool, desc: str, stream: TextIO | None = None
+) -> Iterator[Callable[[int, int], None] | None]:
+    """A bar of this rank's items (evaluation, prediction) while the block runs, on a terminal.
+
+    Yields what `evaluate` and `predict` take as `progress`, or None where no bar shows (not
+    `enabled`, or the output is a file or pipe, where a bar would write a line per refresh).
+    The bar goes when the block ends: the line after it says what came of the work.
+    """
+    stream = stream or sys.stdout
+    if not (enabled and stream.isatty()):
+        yield None
+        return
+    bar: tqdm | None = None
+
+    def progress(done: int, total: int) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=desc, unit="item", file=stream, leave=False,
+                       dynamic_ncols=True)  # fmt: skip
+        bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 class Progress:

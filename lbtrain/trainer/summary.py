@@ -15,7 +15,7 @@ import torch
 import lbtrain
 from lbtrain.balancer import BalancePlan
 from lbtrain.comm import Communicator
-from lbtrain.text import device_label, format_metric
+from lbtrain.text import device_label, format_metric, wall_time_parts
 from lbtrain.trainer.records import Totals
 
 __all__ = [
@@ -86,6 +86,8 @@ def build_summary(
     worlds: Sequence[Mapping[str, int]] | None = None,
     checkpoints: int = 0,
     checkpoint_seconds: float = 0.0,
+    eval_seconds: float = 0.0,
+    predict_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """The JSON-ready summary.json of a run: totals, not the epochs (metrics.jsonl has them).
 
@@ -99,6 +101,8 @@ def build_summary(
     the numbers of ranks the run trained on, each with the global step it trained from.
     `checkpoints` were written in all sessions, in `checkpoint_seconds` (rank 0's; as in
     `wall_seconds`, without the write of the checkpoint a session resumed from).
+    `eval_seconds`: rank 0's evaluations in all sessions; `predict_seconds`: this session's
+    prediction of the workload's predict_set.
     """
     ranks = _rank_rows(plan, devices, ranks_totals)
     seconds, steps = totals.seconds, totals.steps
@@ -115,6 +119,8 @@ def build_summary(
         "train_seconds": seconds,
         "checkpoints": checkpoints,
         "checkpoint_seconds": checkpoint_seconds,
+        "eval_seconds": eval_seconds,
+        "predict_seconds": predict_seconds,
         "epochs_run": totals.epochs,
         "steps": steps,
         "samples_per_second": totals.samples / seconds if seconds > 0 else None,
@@ -191,7 +197,7 @@ def format_summary(
     throughput = summary["samples_per_second"]
     lines.append(
         f"  wall time {summary['wall_seconds']:.1f} s (profiling {summary['profile_seconds']:.1f}"
-        f" s, training {summary['train_seconds']:.1f} s{_checkpoints(summary)})"
+        f" s, training {summary['train_seconds']:.1f} s{wall_time_parts(summary)})"
         + (f", {throughput:,.0f} samples/s" if throughput else "")
     )
     lines += _step_lines(summary)
@@ -218,12 +224,6 @@ def format_summary(
         shown = shlex.quote(os.fspath(folder))
         lines += ["", f"  run folder: {shown}  (see: lbtrain show {shown})"]
     return "\n".join(lines)
-
-
-def _checkpoints(summary: Mapping[str, Any]) -> str:
-    """The checkpoints' part of the wall time (`, checkpoints 0.4 s`), where it shows."""
-    shown = f"{summary.get('checkpoint_seconds') or 0.0:.1f}"
-    return f", checkpoints {shown} s" if shown != "0.0" else ""
 
 
 def _step_lines(summary: Mapping[str, Any]) -> list[str]:

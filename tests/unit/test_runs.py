@@ -23,7 +23,7 @@ from lbtrain import SingleProcessCommunicator, plan_batches
 from lbtrain.cli.entry import main
 from lbtrain.runs import load_run
 from lbtrain.runs.folder import LOCK_FILE
-from lbtrain.text import format_metric
+from lbtrain.text import format_metric, wall_time_parts
 from lbtrain.trainer import Callback, TrainConfig, train
 from tests.fixtures.faulty_runs import BATCH, FAULTY, plan_file
 
@@ -63,10 +63,12 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     ]  # fmt: skip
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as patch:
-        # Pictures are most of these runs' time (matplotlib) and no check here looks at one.
+        # Pictures are most of these runs' time (matplotlib) and no check here looks at one:
+        # the map's predictions are made (and timed), an empty file stands for its picture.
         patch.setattr("lbtrain.trainer.job.draw_curves", lambda out, title: [])
+        patch.setattr("hyperspectral.artifacts.save_map", lambda path, *a, **k: path.touch())
         with contextlib.redirect_stdout(printed):
-            assert main([*argv, "--no-map"], comm=SingleProcessCommunicator()) == 0
+            assert main(argv, comm=SingleProcessCommunicator()) == 0
         assert _faulty_run(root / "finished") == 0
         assert _faulty_run(root / "stopped", StopAt(1, 3)) == 130
     (root / "scene.out").write_text(printed.getvalue())
@@ -92,6 +94,24 @@ def _section(text: str, title: str) -> list[str]:
     """The lines of the section of `lbtrain show` output whose heading starts with `title`."""
     (block,) = [b for b in text.split("\n\n") if b.startswith(title)]
     return block.splitlines()
+
+
+def test_the_wall_time_says_what_evaluating_and_predicting_took(runs):
+    """Evaluations and the map's predictions can take longer than training: the run says
+    it is predicting before it starts, and the summary's wall time splits out both."""
+    printed = (runs["scene"].parent / "scene.out").read_text().splitlines()
+    summary = _json(runs["scene"] / "summary.json")
+    pixels = 48 * 48  # the synthetic scene's
+    announced = [line for line in printed if line.startswith("predicting ")]
+    assert announced == [
+        f"predicting every pixel of the scene for the map (--no-map skips it): {pixels:,} "
+        "items on 1 rank"
+    ]
+    assert printed.index(announced[0]) > max(i for i, line in enumerate(printed) if "eval:" in line)
+    assert summary["eval_seconds"] > 0 and summary["predict_seconds"] > 0
+    assert summary["eval_seconds"] + summary["predict_seconds"] < summary["wall_seconds"]
+    (wall,) = [line for line in printed if line.startswith("  wall time ")]
+    assert f"training {summary['train_seconds']:.1f} s{wall_time_parts(summary)})" in wall
 
 
 def test_the_end_of_a_run_prints_its_folder_and_how_to_look_at_it(runs):
@@ -291,7 +311,7 @@ def _settings(folder: Path, keys: list[str]) -> list[str]:
 
 # The first six settings that differ between the scene run and the faulty one: the scene's
 # workload options first, then config.toml's settings in its order.
-SCENE_VS_FAULTY = ["dataset", "model", "map", "workload", "epochs", "global_batch"]
+SCENE_VS_FAULTY = ["dataset", "model", "workload", "epochs", "global_batch", "plan"]
 
 
 def test_compare_prints_one_aligned_row_per_run(runs, capsys):
@@ -312,9 +332,7 @@ def test_compare_prints_one_aligned_row_per_run(runs, capsys):
         row[1:1] = _settings(runs[name], SCENE_VS_FAULTY)
         assert line.split() == " ".join(row).split()
     # Settings past the sixth are named, not shown.
-    assert re.fullmatch(
-        r"note: 2 more settings differ: plan, eval_every \(lbtrain show RUN .*", lines[5]
-    )
+    assert re.fullmatch(r"note: 1 more setting differs: eval_every \(lbtrain show RUN .*", lines[5])
     # Aligned: every column starts where its heading does.
     starts = [m.start() for m in re.finditer(r"(?<=  )\S", lines[1])]
     for line in lines[2:4]:

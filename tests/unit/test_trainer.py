@@ -288,6 +288,21 @@ def test_evaluate_and_predict_in_one_process():
     assert preds.tolist() == [0, 1, 0]
 
 
+def test_evaluate_and_predict_tell_progress_the_items_done():
+    """Before the first batch, then after each: 7 items in batches of 3."""
+    comm, cpu, model = SingleProcessCommunicator(), torch.device("cpu"), nn.Linear(2, 2)
+    data = TensorDataset(torch.randn(7, 2), torch.zeros(7, dtype=torch.long))
+    for run in (
+        lambda progress: evaluate(model, data, ConfusionEvaluator(2), comm, [1.0], device=cpu,
+                                  batch_size=3, progress=progress),
+        lambda progress: predict(model, data, comm, [1.0], device=cpu, batch_size=3,
+                                 progress=progress),
+    ):  # fmt: skip
+        heard: list[tuple[int, int]] = []
+        run(lambda done, total, heard=heard: heard.append((done, total)))
+        assert heard == [(0, 7), (3, 7), (6, 7), (7, 7)]
+
+
 def test_fit_in_one_process_is_plain_minibatch_training():
     torch.manual_seed(0)
     x, y = torch.randn(40, 4), torch.randint(0, 3, (40,))
@@ -438,6 +453,25 @@ def test_progress_prints_plain_lines_off_a_terminal():
     silent = io.StringIO()
     Progress(False, 1, stream=silent).end_epoch("x")
     assert silent.getvalue() == ""
+
+
+def test_an_item_bar_shows_on_a_terminal_only_and_goes_when_done():
+    from lbtrain.trainer.progress import item_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for enabled, stream in ((True, io.StringIO()), (False, Terminal())):
+        with item_bar(enabled, "evaluating", stream=stream) as progress:
+            assert progress is None
+    terminal = Terminal()
+    with item_bar(True, "evaluating", stream=terminal) as progress:
+        assert progress is not None
+        progress(0, 8)
+        progress(5, 8)
+        assert "evaluating:" in terminal.getvalue() and "0/8" in terminal.getvalue()
+    assert terminal.getvalue().endswith("\r")  # cleared in place: the next line starts there
 
 
 def test_confusion_evaluator_counts_pairs():
@@ -608,3 +642,27 @@ def test_time_in_the_collectives_inside_a_step_is_wait_not_compute():
                 raise result.error
             record = result.value
             assert record["wait"] == wait * record["steps"] + 1.0, (sync, sizes, record)
+
+
+def test_evaluations_are_timed_and_a_checkpoint_keeps_all_but_the_final_ones_seconds():
+    """The run's summary says how long evaluating took in all sessions; a checkpoint at the
+    fit's end leaves out the final evaluation (a resume evaluates again), figures and time."""
+    from types import SimpleNamespace
+
+    from lbtrain.trainer.callbacks import EvaluateCallback
+
+    ticks = iter(range(0, 100, 2))  # each reading 2 s after the one before
+    engine = SimpleNamespace(
+        state=SimpleNamespace(finished=False, stop_code=0, epochs=2), log=lambda record: None
+    )
+    callback = EvaluateCallback(lambda e: {"oa": 0.5}, every=1, headline=("oa",),
+                                say=lambda line: None, clock=lambda: next(ticks))  # fmt: skip
+    callback.load_state_dict({"evaluations": [], "seconds": 10.0})  # an earlier session's
+    callback.on_epoch_end(engine, SimpleNamespace(epoch=0))
+    assert callback.seconds == 12.0
+    callback.on_fit_end(engine)
+    assert callback.seconds == 14.0
+    assert callback.state_dict() == {"evaluations": [{"epoch": 1, "oa": 0.5}], "seconds": 12.0}
+    older = EvaluateCallback(lambda e: {}, 1, (), lambda line: None)
+    older.load_state_dict({"evaluations": []})  # a checkpoint from before the figure
+    assert older.seconds == 0.0

@@ -212,7 +212,7 @@ def test_the_summary_says_the_corrected_prediction_beside_the_plans():
     assert "corrected by the epochs measured before each: median error 0.0%" in text
 
 
-def test_the_wall_time_shows_the_checkpoints_share_where_it_shows():
+def test_the_wall_time_shows_evaluations_predictions_and_checkpoints_where_they_show():
     plan = plan_batches([1.0], 8, "equal")
     devices = [{"device": "cpu", "host": "h", "threads": 1, "slowdown": 1.0}]
     totals = [{"steps": 2.0, "seconds": 1.0, "compute": 0.8, "wait": 0.1, "comm": 0.1}]
@@ -227,4 +227,10 @@ def test_the_wall_time_shows_the_checkpoints_share_where_it_shows():
     line = wall_line(checkpoints=3, checkpoint_seconds=1.25)
     assert line.startswith("  wall time 9.0 s (profiling 0.5 s, training 0.0 s, checkpoints 1.2")
     assert "checkpoints" not in wall_line(checkpoints=3, checkpoint_seconds=0.01)
-    assert "checkpoints" not in wall_line()  # the keys' defaults: 0 and 0.0
+    assert wall_line().startswith("  wall time 9.0 s (profiling 0.5 s, training 0.0 s)")
+    line = wall_line(eval_seconds=2.04, predict_seconds=3.96, checkpoint_seconds=0.3)
+    assert line.startswith(
+        "  wall time 9.0 s (profiling 0.5 s, training 0.0 s, evaluation 2.0 s, predictions "
+        "4.0 s, checkpoints 0.3 s)"
+    )
+    assert "evaluation" not in wall_line(eval_seconds=0.04, predict_seconds=1.0)
