@@ -37,7 +37,7 @@ def make_model() -> nn.Module:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--speeds", default="1,2,4", help="relative speed per rank (default 1,2,4)")
+    parser.add_argument("--speeds", help="relative speed per rank, one each (default 1,2,4,...)")
     parser.add_argument("--global-batch", type=int, default=128, help="global batch (default 128)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs (default 5)")
     parser.add_argument("--policy", default="proportional", help="balancing policy")
@@ -45,7 +45,10 @@ def main() -> None:
 
     comm = world_communicator()
     torch.set_num_threads(1)
-    speeds = [float(s) for s in args.speeds.split(",")][: comm.size]
+    if args.speeds is None:  # 1, 2, 4, ...: one for each rank, however many
+        speeds = [float(2**rank) for rank in range(comm.size)]
+    else:
+        speeds = [float(s) for s in args.speeds.split(",")]
     if len(speeds) != comm.size:
         raise SystemExit(f"--speeds has {len(speeds)} entries for {comm.size} ranks; give one each")
 

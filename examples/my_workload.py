@@ -87,6 +87,7 @@ def build(
         step_metric=correct_predictions,
         predict_set=_grid(),
         predict_unit=GRID,
+        predict_note="the 24x24 grid for decision.txt",
         artifacts=_draw,
         outputs=("decision.txt",),
         signature={

@@ -27,6 +27,7 @@ _EXPORTS = {
     "BatchNormMismatch": "lbtrain.parallel",
     "convert_sync_batchnorm": "lbtrain.parallel",
     "flush_denormals": "lbtrain.denormals",
+    "assign_devices": "lbtrain.devices",
     "plan_for": "lbtrain.parallel",
     "TrainState": "lbtrain.parallel",
     "BalancedLoader": "lbtrain.data",

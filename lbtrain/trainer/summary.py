@@ -91,18 +91,14 @@ def build_summary(
 ) -> dict[str, Any]:
     """The JSON-ready summary.json of a run: totals, not the epochs (metrics.jsonl has them).
 
-    `totals` are this rank's (rank 0's) running sums: loss, samples and steps are the job's;
-    `ranks_totals` are every rank's time split, from `rank_totals`. `resumed_from` is the
-    run's provenance (the checkpoint it continued, and where), None for a fresh run.
-    `wall_seconds` and `profile_seconds` cover every session of a resumed run, up to the
-    checkpoint each continued from, and so do the training totals (on another world size
-    each rank's time split covers only the sessions on that world). `flushing`: whether each
-    rank's CPU threads flushed subnormal floats at the end (`flushing_threads`). `worlds`:
-    the numbers of ranks the run trained on, each with the global step it trained from.
-    `checkpoints` were written in all sessions, in `checkpoint_seconds` (rank 0's; as in
-    `wall_seconds`, without the write of the checkpoint a session resumed from).
-    `eval_seconds`: rank 0's evaluations in all sessions; `predict_seconds`: this session's
-    prediction of the workload's predict_set.
+    `totals`: rank 0's running sums (loss, samples and steps are the job's); `ranks_totals`:
+    every rank's time split (`rank_totals`); `resumed_from`: the checkpoint the run
+    continued, and where (None for a fresh run). The seconds (rank 0's) and the training
+    totals cover every session up to the checkpoint each continued from (on another world
+    size, each rank's split covers that world's only), checkpoint writes too, but for the
+    one a session resumed from; `predict_seconds` are this session's. `flushing`: whether
+    each rank's threads flushed subnormal floats at the end; `worlds`: the numbers of ranks
+    the run trained on, each with the global step it trained from.
     """
     ranks = _rank_rows(plan, devices, ranks_totals)
     seconds, steps = totals.seconds, totals.steps
