@@ -7,6 +7,7 @@ The split can only be checked once it is made, which is still before any profili
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -66,6 +67,28 @@ def check_sizes(scene: str, shape: tuple[int, ...], opts: Mapping[str, Any]) -> 
             f"--model {model} cannot take {channels}-channel patches of {patch_size}x"
             f"{patch_size} ({message}); change --patch-size or --pca, or choose another --model"
         ) from None
+    _check_ensemble_memory(model, sum(p.numel() for p in net.parameters()), opts["ensemble"])
+
+
+# Bytes a parameter holds while training: its float32 weight, gradient and Adam's two moments.
+_TRAINING_BYTES = 4 * 4
+
+
+def _check_ensemble_memory(model: str, parameters: int, members: int) -> None:
+    """Refuse an ensemble whose weights and optimiser state alone outgrow this machine's
+    memory, before a rank builds it (the kernel would kill the job, with no message)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no such figure on this platform
+        return
+    need = members * parameters * _TRAINING_BYTES
+    if need > memory:
+        most = max(1, memory // (parameters * _TRAINING_BYTES))
+        raise ValueError(
+            f"--ensemble {members:,} members of {model} ({parameters:,} parameters each) need "
+            f"about {need / 2**30:,.1f} GiB for their weights, gradients and Adam's state, more "
+            f"than this machine's {memory / 2**30:,.1f} GiB; use at most {most:,} members"
+        )
 
 
 def new_model(

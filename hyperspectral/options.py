@@ -124,6 +124,12 @@ def parse_path(name: str) -> Callable:
     """
 
     def convert(value: Any) -> str | None:
+        if isinstance(value, str) and not value.strip():
+            # An unset shell variable ("--split-file $SPLIT") is not "none": a run without
+            # the file would train on another split, or read the scene from elsewhere.
+            raise ValueError(
+                f"{flag(name)} {value!r} is empty; give a path, or leave the option out"
+            )
         if is_none(value):
             return None
         if not isinstance(value, str | os.PathLike):

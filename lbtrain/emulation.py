@@ -203,6 +203,10 @@ class Segments:
         self._slowdown.after_step(wall)
 
 
+# The slowest device emulated: a rank 1000x slower is already one a plan would leave idle.
+MAX_SLOWDOWN = 1000.0
+
+
 def parse_slowdowns(text: str | Sequence[float] | None, world_size: int) -> tuple[float, ...]:
     """Parse `--emulate-slowdown` into one factor per rank.
 
@@ -248,6 +252,12 @@ def parse_slowdowns(text: str | Sequence[float] | None, world_size: int) -> tupl
             raise ValueError(
                 f"--emulate-slowdown factor {factor:g} for rank {rank} is below 1; emulation "
                 "can only slow ranks down, so use factors >= 1 (1 = full speed)"
+            )
+        if factor > MAX_SLOWDOWN:
+            raise ValueError(
+                f"--emulate-slowdown factor {factor:g} for rank {rank} is above "
+                f"{MAX_SLOWDOWN:g}: its rank would sleep {factor - 1:g} times each step's "
+                f"compute (a 1 ms step for {factor / 1e3:g} s); use factors up to {MAX_SLOWDOWN:g}"
             )
     return tuple(factors)
 

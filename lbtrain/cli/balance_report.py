@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 from lbtrain.balancer import POLICIES
 from lbtrain.cli.common import (
@@ -143,6 +144,11 @@ def run(args: argparse.Namespace, comm: Communicator) -> int:
 
 def _check_outputs(args: argparse.Namespace, comm: Communicator) -> None:
     """The plot and the profiles to save can be written: before minutes of profiling."""
+    if args.plot and args.save_profiles and _same_file(args.plot, args.save_profiles):
+        raise ValueError(
+            f"--plot {args.plot!r} and --save-profiles {args.save_profiles!r} name the same "
+            "file, and the plot would overwrite the profiles; name two files"
+        )
     # Only rank 0 writes, so a node without matplotlib elsewhere must not fail the job.
     if args.plot:
         agree(comm, lambda: comm.rank != 0 or require_matplotlib(), name_rank=False)
@@ -153,6 +159,14 @@ def _check_outputs(args: argparse.Namespace, comm: Communicator) -> None:
             lambda: comm.rank != 0 or check_writable(args.save_profiles, "--save-profiles"),
             name_rank=False,
         )
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two output paths are one file (the same path, or links to one file)."""
+    first, second = Path(a).expanduser(), Path(b).expanduser()
+    if first.exists() and second.exists():
+        return first.samefile(second)
+    return first.resolve() == second.resolve()
 
 
 def _refuse_flags_beside_profiles(args: argparse.Namespace) -> None:

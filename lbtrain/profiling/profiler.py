@@ -39,6 +39,9 @@ from lbtrain.profiling.sync import time_sync
 __all__ = ["ProfileConfig", "TrainingState", "profile_all", "profile_replica"]
 
 
+MAX_WARMUP = 100  # untimed steps before profiling's first timing
+
+
 @dataclass(frozen=True)
 class ProfileConfig:
     """How long and how carefully to profile.
@@ -94,8 +97,12 @@ class ProfileConfig:
             raise ValueError(
                 f"need 1 <= min_batch <= max_batch, got {self.min_batch} and {self.max_batch}"
             )
-        if self.warmup < 0:
-            raise ValueError(f"--warmup {self.warmup} must be >= 0")
+        if not 0 <= self.warmup <= MAX_WARMUP:
+            # Untimed, and outside the time budget: a huge count would profile for ever.
+            raise ValueError(
+                f"--warmup {self.warmup} must be from 0 to {MAX_WARMUP} (untimed steps before "
+                "the first timing: lazy initialisation and kernel choice settle in a few)"
+            )
         if not 1 <= self.min_repeats <= self.repeats <= self.max_repeats:
             raise ValueError(
                 f"--repeats {self.repeats} must be >= min_repeats ({self.min_repeats}) >= 1 "

@@ -220,16 +220,16 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Check every value; raise one ValueError naming the parameter, value and fix."""
+        if self.out is not None and not (isinstance(self.out, str) and self.out.strip()):
+            raise ValueError(
+                f"out={self.out!r} is not a folder name; name one, or drop it for a "
+                "new runs/<date-time>"
+            )
         for entry in settings_of(TrainConfig):
             check_setting(entry, getattr(self, entry.name))
         if not isinstance(self.workload_options, dict):
             raise ValueError(
                 f"workload_options={self.workload_options!r} must be a table of option values"
-            )
-        if self.out is not None and not (isinstance(self.out, str) and self.out.strip()):
-            raise ValueError(
-                f"out={self.out!r} is not a folder name; name one, or drop it for a "
-                "new runs/<date-time>"
             )
         if self.resume == "auto" and not self.out:
             raise ValueError(
@@ -321,7 +321,12 @@ def _inside_run(name: str, value: Any, suffix: str) -> None:
     if value is None:
         return
     path = Path(str(value))
-    if not isinstance(value, str) or not value.strip() or path.is_absolute() or ".." in path.parts:
+    if (
+        not isinstance(value, str)
+        or not path.parts  # "." or "./": the run folder itself
+        or path.is_absolute()
+        or ".." in path.parts
+    ):
         raise ValueError(
             f"{name}={value!r} must name a path inside the run folder (out=...), relative to "
             f"it, such as {'trace.json' if suffix else 'tensorboard'}"

@@ -24,7 +24,7 @@ from lbtrain.text import device_label, plural
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.workloads import Workload
 
-__all__ = ["check_profiled", "make_plan", "plan_notes"]
+__all__ = ["check_plan_files", "check_profiled", "make_plan", "plan_notes"]
 
 
 def make_plan(
@@ -67,6 +67,16 @@ def make_plan(
         comm, steps, _request(config), config.time_budget, profiles,
         say=None if quiet else lambda line: print(line, flush=True), known=known,
     )  # fmt: skip
+
+
+def check_plan_files(comm: Communicator, config: TrainConfig) -> None:
+    """A plan or profiles file that cannot serve this job, refused before the workload loads
+    its data (a download, minutes of reading); collective. `make_plan` reads it again."""
+    if config.plan:
+        data = root_value(comm, lambda: _read_plan(config.plan))
+        agree(comm, lambda: _plan_from(data, config, comm.size))
+    if config.profiles:
+        load_profiles_collective(comm, config.profiles, world_size=comm.size)
 
 
 def _known_profiles(
@@ -166,12 +176,14 @@ def _read_plan(path: str) -> dict[str, Any]:
 def _plan_from(data: Any, config: TrainConfig, world_size: int) -> BalancePlan:
     try:
         plan = BalancePlan.from_dict(data)
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(
-            f"plan {config.plan!r} is not a plan.json written by lbtrain (missing or wrong "
-            f"field: {exc}); use the plan.json of an earlier run"
-        ) from None
-    except ValueError as exc:
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        # from_dict says a missing field as a ValueError caused by the KeyError.
+        cause = exc.__cause__ if isinstance(exc, ValueError) and exc.__cause__ else exc
+        if isinstance(cause, KeyError | TypeError | AttributeError):
+            raise ValueError(
+                f"plan {config.plan!r} is not a plan.json written by lbtrain (missing or wrong "
+                f"field: {cause}); use the plan.json of an earlier run"
+            ) from None
         raise ValueError(f"plan {config.plan!r}: {exc}") from None
     _check_plan(plan, config, world_size)
     # The file's plan rules the re-plans (its policy, its smallest batch): a min_batch it

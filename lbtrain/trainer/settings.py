@@ -142,6 +142,9 @@ def check_setting(field: dataclasses.Field[Any], value: Any) -> None:
     if value is None and field_default(field) is None:
         return  # an optional setting left out
     kind = meta["kind"]
+    if kind == "str" and isinstance(value, str) and not value.strip():
+        # An unset shell variable ("--plan $PLAN") must not pass for leaving the setting out.
+        raise ValueError(f"{name}={value!r} is empty; give a value, or leave it out")
     if kind == "bool" and not isinstance(value, bool):
         raise ValueError(f"{name}={value!r} must be True or False (true or false in a file)")
     if kind == "choice" and value not in meta["choices"]:

@@ -27,7 +27,7 @@ from lbtrain.report import build_report, format_report
 from lbtrain.session import Replica, build_workload, setup_replica
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.trainer.data_check import check_same_data, data_identity
-from lbtrain.trainer.initial_plan import make_plan, plan_notes
+from lbtrain.trainer.initial_plan import check_plan_files, make_plan, plan_notes
 from lbtrain.trainer.optim import build_optimizer
 from lbtrain.trainer.resume import check_trainable, read_checkpoint, worlds_of
 from lbtrain.trainer.run_folder import check_named_outputs, prepare_out
@@ -84,15 +84,33 @@ class Setup:
         return write_on_root(self.comm, "out", self.config.out or str(self.out), write)
 
 
+def _check_same_settings(recipes: list[dict[str, Any]]) -> None:
+    """Every rank's settings are rank 0's (a node that read another --config file, or an
+    MPMD launch), but for the workload's options, whose built workloads are compared by
+    their signatures (a data folder may differ between nodes)."""
+    first = recipes[0]
+    for rank, recipe in enumerate(recipes[1:], start=1):
+        for name in sorted(set(first) | set(recipe)):
+            if name != "workload_options" and first.get(name) != recipe.get(name):
+                raise ValueError(
+                    f"the ranks' settings differ: {name}={first.get(name)!r} on rank 0, "
+                    f"{name}={recipe.get(name)!r} on rank {rank}; give every rank the same "
+                    "settings (the same command and --config file)"
+                )
+
+
 def set_up(config: TrainConfig, comm: Communicator) -> Setup:
     """Check the settings, pick the folder, place the rank, build the workload, plan."""
     started = time.perf_counter()
     agree(comm, config.validate)
+    recipes = comm.allgather(config.recipe())
+    agree(comm, lambda: _check_same_settings(recipes), name_rank=False)
     configure_logging(config.log_level)
     set_rank(comm.rank, thread=threading.current_thread() is not threading.main_thread())
     agree(comm, lambda: _check_extras(config))
     checkpoint = root_value(comm, lambda: read_checkpoint(config.resume, config.out))
     folder, clear = root_value(comm, lambda: prepare_out(config, checkpoint))
+    check_plan_files(comm, config)
     replica, slowdown_at = _place(config, comm)
     workload, devices = _build_workload(config, comm, replica, checkpoint)
     if comm.rank == 0 and not config.quiet:  # before profiling, which may take a while

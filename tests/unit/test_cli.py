@@ -181,6 +181,10 @@ def test_bad_profiling_options_fail_before_profiling(argv, needles, capsys, tmp_
         (["balance-report", "--plot", "{long}.png"], ("--plot", "shorter name")),
         (["balance-report", "--save-profiles", "{long}.json"], ("--save-profiles", "shorter")),
         (["profile", "-o", "{file}/p.json"], ("--output", "is a file, not a folder")),
+        (
+            ["balance-report", "--plot", "{same}", "--save-profiles", "./{same}"],
+            ("--plot", "--save-profiles", "name the same file"),
+        ),
     ],
 )
 def test_unwritable_outputs_fail_before_profiling(argv, needles, capsys, monkeypatch, tmp_path):
@@ -193,7 +197,9 @@ def test_unwritable_outputs_fail_before_profiling(argv, needles, capsys, monkeyp
     monkeypatch.setattr(measured_plan, "profile_all", must_not_profile)
     missing = tmp_path / "no-such-folder"
     (tmp_path / "file").write_text("")
-    names = {"missing": missing, "long": tmp_path / ("x" * 300), "file": tmp_path / "file"}
+    names = {"missing": missing, "long": tmp_path / ("x" * 300), "file": tmp_path / "file",
+             "same": "same.png"}  # fmt: skip
+    monkeypatch.chdir(tmp_path)
     code, _, err = run([arg.format(**names) for arg in argv], capsys)
     _one_line_error(code, err, *needles)
 

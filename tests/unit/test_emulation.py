@@ -34,6 +34,8 @@ def test_parse_one_factor_per_rank_or_one_for_all():
         ("1,0.5,2", "below 1"),
         ("1,x,2", "'x' is not a number"),
         ("1,nan,2", "not positive"),
+        ("1,1001,2", "factor 1001 for rank 1 is above 1000"),
+        ("1,2,1e300", "factor 1e+300 for rank 2 is above 1000"),  # once an OverflowError
     ],
 )
 def test_bad_slowdown_lists_name_the_option_and_the_fix(text, needle):

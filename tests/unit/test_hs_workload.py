@@ -124,6 +124,10 @@ def test_converters_take_strings_and_toml_values():
         ({"train_per_class": 10}, ("--train-per-class 10", "--split random", "none")),
         ({"split_file": "/nonexistent/split.npz"}, ("--split-file", "no such file")),
         ({"ensemble": 0}, ("--ensemble 0", ">= 1")),
+        # Once built until the kernel killed the job, with no message.
+        ({"ensemble": 10**12}, ("--ensemble 1,000,000,000,000", "GiB", "use at most")),
+        ({"split_file": ""}, ("--split-file ''", "is empty", "leave the option out")),
+        ({"data_dir": " "}, ("--data-dir ' '", "is empty")),
         ({"ensemble": "two"}, ("--ensemble 'two'", "a whole number")),
         (
             {"ensemble_batches": "shared"},

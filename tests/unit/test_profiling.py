@@ -280,6 +280,7 @@ def test_default_ladder_doubles_and_ends_at_max_batch():
         {"time_budget": 0.0},
         {"time_budget": float("nan")},
         {"warmup": -1},
+        {"warmup": 101},  # untimed and outside the budget: 10^9 profiled for ever
         {"reference_batch": 0},
         {"reference_batch": 100_000_000},  # every rung clamped to max_batch: one batch
     ],

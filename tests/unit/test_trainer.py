@@ -49,6 +49,12 @@ def test_config_round_trips_through_toml(tmp_path):
         ({"global_batch": 2.5}, "global_batch=2.5 must be a whole number"),
         ({"momentum": 1.0}, "momentum=1.0 must be < 1"),
         ({"profiles": "p.json", "plan": "plan.json"}, "profiles='p.json' and plan='plan.json'"),
+        # An unset shell variable ("--plan $PLAN") once passed for leaving the setting out.
+        ({"plan": ""}, "plan='' is empty"),
+        ({"resume": "  "}, "resume='  ' is empty"),
+        ({"profiles": ""}, "profiles='' is empty"),
+        ({"tensorboard": "."}, "tensorboard='.' must name a path inside the run folder"),
+        ({"trace": "./"}, "trace='./' must name a path inside the run folder"),
     ],
 )
 def test_config_rejects_bad_values_by_name(change, needle):
@@ -67,6 +73,19 @@ def test_a_plan_refuses_another_policy_or_a_batch_below_min_batch_beside_it():
         _check_plan(plan, TrainConfig(plan="p.json", global_batch=8, min_batch=1), 2)
     # What the plan was made with, said again, is no conflict.
     _check_plan(plan, TrainConfig(plan="p.json", global_batch=8, policy="cost"), 2)
+
+
+def test_a_file_that_is_no_plan_is_named_as_such():
+    """A profiles file given as --plan: its missing field once came out as `not a
+    BalancePlan dict ('policy'); expected BalancePlan.to_dict()`, the library's words."""
+    from lbtrain.trainer.initial_plan import _plan_from
+
+    config = TrainConfig(plan="profiles.json")
+    with pytest.raises(ValueError, match=r"'profiles.json' is not a plan.json written by lbtrain"):
+        _plan_from({"profiles": []}, config, 1)
+    with pytest.raises(ValueError, match=r"policy='fastest' is unknown"):
+        _plan_from({"policy": "fastest", "global_batch_size": 8, "batch_sizes": [8],
+                    "replicas": [{"throughput": 1.0}]}, config, 1)  # fmt: skip
 
 
 def test_profiles_still_take_a_policy_a_smallest_batch_and_a_budget_to_re_time():
@@ -666,3 +685,36 @@ def test_evaluations_are_timed_and_a_checkpoint_keeps_all_but_the_final_ones_sec
     older = EvaluateCallback(lambda e: {}, 1, (), lambda line: None)
     older.load_state_dict({"evaluations": []})  # a checkpoint from before the figure
     assert older.seconds == 0.0
+
+
+def test_settings_that_differ_between_ranks_are_named_with_both_values():
+    """A node that read another config file (or an MPMD launch) once trained with other
+    settings than rank 0's, or failed in an unpacking error; the workload's options may
+    differ (a data folder per node): the workloads' signatures are compared instead."""
+    from lbtrain.trainer.setup import _check_same_settings
+
+    same = TrainConfig(epochs=2, workload_options={"data_dir": "/a"}).recipe()
+    _check_same_settings(
+        [same, TrainConfig(epochs=2, workload_options={"data_dir": "/b"}).recipe()]
+    )
+    with pytest.raises(ValueError, match=r"optimizer='adam' on rank 0, optimizer='sgd' on rank 2"):
+        _check_same_settings([same, same, TrainConfig(epochs=2, optimizer="sgd").recipe()])
+    with pytest.raises(ValueError, match=r"epochs=2 on rank 0, epochs=3 on rank 1"):
+        _check_same_settings([same, TrainConfig(epochs=3).recipe()])
+
+
+@pytest.mark.parametrize("option", ["--plan", "--profiles"])
+def test_a_plan_or_profiles_file_is_read_before_the_data(option, tmp_path, monkeypatch, capsys):
+    """A scene may take minutes to download or read: a missing file fails first."""
+    from lbtrain import SingleProcessCommunicator
+    from lbtrain.cli.entry import main
+    from lbtrain.trainer import setup
+
+    def too_early(*args, **kwargs):
+        raise AssertionError("built the workload before reading the file")
+
+    monkeypatch.setattr(setup, "_build_workload", too_early)
+    missing = str(tmp_path / "missing.json")
+    argv = ["train", "--dataset", "synthetic", option, missing, "--out", str(tmp_path / "r")]
+    assert main(argv, comm=SingleProcessCommunicator()) == 2
+    assert "missing.json" in capsys.readouterr().err
