@@ -296,7 +296,7 @@ def _add_ladder_arguments(group: Any) -> None:
         "--warmup",
         type=non_negative_int,
         default=2,
-        help="untimed warm-up steps before timing",
+        help="untimed warm-up steps before timing, at most 100",
     )
     group.add_argument(
         "--no-memory-cap",

@@ -123,7 +123,7 @@ class TrainConfig:
         "that meets them; profile with what training will use", BALANCE, on_off=True)  # fmt: skip
     emulate_slowdown: str | None = setting(
         None, "testing aid: rank i sleeps (F_i - 1) x each step's compute, like a device F_i "
-        "times slower; one factor >= 1 per rank, or one for all", BALANCE,
+        "times slower; one factor from 1 to 1000 per rank, or one for all", BALANCE,
         metavar="F0,F1,...")  # fmt: skip
     emulate_change: str | None = setting(
         None, "testing aid: change the emulated slowdowns mid-run; EPOCH:F0,F1,... sets the "
