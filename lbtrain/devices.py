@@ -38,6 +38,8 @@ __all__ = [
     "synchronize",
 ]
 
+MAX_THREADS = 4096  # CPU threads a rank may ask for
+
 _ENTRY = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
 
@@ -263,6 +265,11 @@ def assign_devices(
         threads = default
     elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"--threads {threads!r} is invalid; give a whole number >= 1")
+    elif threads > MAX_THREADS:  # torch would try to allocate a pool of that many
+        raise ValueError(
+            f"--threads {threads:,} is more than any node has cores; give at most "
+            f"{MAX_THREADS:,}, or leave --threads out for {default} a rank here"
+        )
     else:
         _warn_oversubscribed(threads, layout, cores if cores is not None else node_cores(), default)
     return DeviceAssignment(

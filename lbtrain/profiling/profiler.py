@@ -229,12 +229,36 @@ def _climb(
         steps.train_step(ladder[0])
     # On CUDA the OOM probe needs time too; hold back part of the budget for it.
     reserve = 0.3 if device.type == "cuda" and config.memory_cap else 0.0
+    budget = config.time_budget * (1.0 - reserve)
     measured = _time_ladder(
-        ladder, config, steps.timed_step, elapsed, budget=config.time_budget * (1.0 - reserve),
+        ladder, config, _fitting(steps.timed_step), elapsed, budget=budget,
         tail=config.memory_cap and device.type != "cuda",
     )  # fmt: skip
     steps.clear()
     return measured
+
+
+# What torch says where a batch's tensors do not fit: the CPU allocator's, CUDA's.
+_NO_MEMORY = ("can't allocate memory", "tried to allocate", "out of memory")
+
+
+def _fitting(timed_step: Callable[[int], float]) -> Callable[[int], float]:
+    """`timed_step`, where a batch too big for memory is one line naming its size (a rung
+    asked for, as --batch-sizes 16,1000000000; torch's message names bytes, not batches)."""
+
+    def step(size: int) -> float:
+        try:
+            return timed_step(size)
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one
+            text = " ".join(str(exc).split())
+            if not any(words in text.lower() for words in _NO_MEMORY):
+                raise
+            raise ValueError(
+                f"--batch-sizes: a training step at batch {size:,} does not fit in this "
+                f"rank's memory ({text[:160]}); profile smaller batches"
+            ) from None
+
+    return step
 
 
 def _memory(

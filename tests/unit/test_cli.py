@@ -157,6 +157,7 @@ def test_bad_profile_files(content, needles, capsys, tmp_path):
         (["--emulate-slowdown", "1,2"], ("--emulate-slowdown", "2 factors", "the job has 1 rank;")),
         (["--emulate-slowdown", "0"], ("--emulate-slowdown", "not positive")),
         (["--emulate-slowdown", "-1"], ("--emulate-slowdown", "not positive")),
+        (["--threads", "100000000"], ("--threads 100,000,000", "at most 4,096")),
         (["--workload", "nosuch"], ("--workload 'nosuch' is unknown", "patch-cnn")),
     ],
 )

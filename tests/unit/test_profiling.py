@@ -483,3 +483,26 @@ def test_invalid_record_values_are_rejected():
         _profile(beta=0.0)
     with pytest.raises(ValueError):
         _profile(reference_batch=0)
+
+
+def test_a_rung_too_big_for_memory_is_one_line_naming_the_batch():
+    """`--batch-sizes 16,1000000000` once ended in torch's allocator message, in bytes."""
+    from lbtrain.profiling.profiler import _fitting
+
+    def no_room(size: int) -> float:
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 256000000000 bytes"
+        )
+
+    with pytest.raises(ValueError) as info:
+        _fitting(no_room)(1_000_000_000)
+    message = str(info.value)
+    assert message.startswith("--batch-sizes: a training step at batch 1,000,000,000 does not")
+    assert "profile smaller batches" in message and "\n" not in message
+
+    def broken(size: int) -> float:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):  # not a memory error: as it was
+        _fitting(broken)(8)
