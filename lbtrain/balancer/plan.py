@@ -87,8 +87,8 @@ class BalancePlan:
         for rank, (b, replica) in enumerate(zip(self.batch_sizes, self.replicas, strict=True)):
             if replica.cap is not None and b > replica.cap:
                 raise ValueError(
-                    f"rank {rank} has batch size {b} above its cap {replica.cap}; recompute "
-                    "the plan with plan_batches"
+                    f"rank {rank} has batch size {b} above its cap {replica.cap}; plan "
+                    "again, within the caps"
                 )
 
     @property

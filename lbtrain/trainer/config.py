@@ -233,8 +233,8 @@ class TrainConfig:
             )
         if self.resume == "auto" and not self.out:
             raise ValueError(
-                "resume='auto' continues the run in out, and out is not given: name the "
-                "run's folder with out"
+                "resume='auto' continues the run in the folder that out=DIR names, and none "
+                "is given: name the run's folder"
             )
         _inside_run("trace", self.trace, ".json")
         _inside_run("tensorboard", self.tensorboard, "")

@@ -130,7 +130,7 @@ def test_a_folder_holding_another_recipe_is_refused_in_one_line(tmp_path, checkp
 
 
 def test_auto_needs_the_folder_it_continues():
-    with pytest.raises(ValueError, match="resume='auto' continues the run in out"):
+    with pytest.raises(ValueError, match="resume='auto' continues the run in the folder that out"):
         TrainConfig(resume="auto").validate()
 
 
