@@ -70,24 +70,27 @@ def check_sizes(scene: str, shape: tuple[int, ...], opts: Mapping[str, Any]) -> 
     _check_ensemble_memory(model, sum(p.numel() for p in net.parameters()), opts["ensemble"])
 
 
-# Bytes a parameter holds while training: its float32 weight, gradient and Adam's two moments.
-_TRAINING_BYTES = 4 * 4
+# Bytes a parameter's float32 weight holds: whatever else a run keeps (gradients, an
+# optimiser's state, activations), every path that builds the model holds this much.
+_WEIGHT_BYTES = 4
 
 
 def _check_ensemble_memory(model: str, parameters: int, members: int) -> None:
-    """Refuse an ensemble whose weights and optimiser state alone outgrow this machine's
-    memory, before a rank builds it (the kernel would kill the job, with no message)."""
+    """Refuse an ensemble whose weights alone outgrow this machine's memory, before a rank
+    builds it (the kernel would kill the job, with no message). A lower bound, so it refuses
+    nothing that could run: training needs two to four times as much."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # no such figure on this platform
         return
-    need = members * parameters * _TRAINING_BYTES
-    if need > memory:
-        most = max(1, memory // (parameters * _TRAINING_BYTES))
+    need = members * parameters * _WEIGHT_BYTES
+    if members > 1 and need > memory:
+        most = max(1, memory // (parameters * _WEIGHT_BYTES))
         raise ValueError(
             f"--ensemble {members:,} members of {model} ({parameters:,} parameters each) need "
-            f"about {need / 2**30:,.1f} GiB for their weights, gradients and Adam's state, more "
-            f"than this machine's {memory / 2**30:,.1f} GiB; use at most {most:,} members"
+            f"{need / 2**30:,.1f} GiB for their weights alone, more than this machine's "
+            f"{memory / 2**30:,.1f} GiB; use far fewer members (at most {most:,} would fit "
+            "the weights; training needs two to four times as much)"
         )
 
 

@@ -150,15 +150,16 @@ def _batches(
 
 
 def _counted(batches: DataLoader, total: int, progress: Progress | None) -> Iterator[Any]:
-    """The `batches`, telling `progress` how many of the `total` items have gone by."""
+    """The `batches`, telling `progress` how many of the `total` items have gone by (every
+    batch is full but the last, whatever a collate function makes of the items)."""
     if progress is None:
         yield from batches
         return
-    done = 0
+    done, size = 0, batches.batch_size or 1
     progress(done, total)
     for batch in batches:
         yield batch
-        done += len(batch[1])  # the targets': one per item, whatever the inputs are
+        done = min(done + size, total)
         progress(done, total)
 
 

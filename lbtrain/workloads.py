@@ -84,8 +84,6 @@ class Workload:
             pixel); its targets are ignored.
         predict_unit: predict_set is cut between ranks at multiples of this many items (a
             scene row, so each rank predicts whole horizontal strips).
-        predict_note: what predicting predict_set is for, in the line the trainer prints
-            before it ("every pixel of the scene, for the map"); default "the predict set".
         collate_fn: collate function for the loaders; a dataset with a vectorised
             `__getitems__` that returns a whole batch passes `keep_batch`.
         artifacts: rank-0 hook called once after the final evaluation; returns the paths
@@ -102,6 +100,8 @@ class Workload:
         step_metric: the training step's metric, summed over the batch (a classifier passes
             `correct_predictions`); the trainer reports its sum over the global batch divided
             by the samples as the epoch's training accuracy. None: no accuracy is reported.
+        predict_note: what predicting predict_set is for, in the line the trainer prints
+            before it ("every pixel of the scene, for the map"); default "the predict set".
     """
 
     name: str
@@ -118,7 +118,6 @@ class Workload:
     evaluator: Evaluator | None = None
     predict_set: Dataset | None = None
     predict_unit: int = 1
-    predict_note: str = ""
     collate_fn: Callable[[Any], Any] | None = None
     artifacts: Callable[[ArtifactContext], list[Path]] | None = None
     outputs: tuple[str, ...] = ()
@@ -126,6 +125,7 @@ class Workload:
     signature_defaults: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
     step_metric: Callable[[torch.Tensor, torch.Tensor], float] | None = None
+    predict_note: str = ""  # last: a field added later, so positional builds keep their order
 
     def get_evaluator(self) -> Evaluator:
         """The workload's evaluator, or overall accuracy over num_classes."""

@@ -23,6 +23,7 @@ from lbtrain.cli.common import (
     show_defaults,
     write_on_root,
 )
+from lbtrain.cli.flags import file_name
 from lbtrain.comm import Communicator
 from lbtrain.profiling import ReplicaProfile, save_profiles
 from lbtrain.profiling.sync import comm_cost
@@ -57,6 +58,7 @@ def add_parser(
     parser.add_argument(
         "--profiles",
         default=None,
+        type=file_name,
         metavar="FILE",
         help="profiles JSON written by `lbtrain profile`; without it, profile now (the "
         "profiling options below then apply) (default: profile now)",
@@ -84,6 +86,7 @@ def add_parser(
     parser.add_argument(
         "--plot",
         default=None,
+        type=file_name,
         metavar="PATH",
         help="also draw compute + idle bars per rank for each policy to this image (needs "
         "matplotlib: pip install 'lbtrain[plot]') (default: no plot)",
@@ -91,6 +94,7 @@ def add_parser(
     parser.add_argument(
         "--save-profiles",
         default=None,
+        type=file_name,
         metavar="FILE",
         help="when profiling now, also write the profiles to this file (default: don't)",
     )

@@ -25,6 +25,7 @@ __all__ = [
     "OnOffFlag",
     "add_setting",
     "add_settings",
+    "file_name",
     "flag",
     "non_negative_int",
     "positive_float",
@@ -93,6 +94,14 @@ def seed_int(text: str) -> int:
     if value > SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"{value} must be <= {SEED_LIMIT} (2^32 - 1)")
     return value
+
+
+def file_name(text: str) -> str:
+    """argparse type: a path that is not blank (an unset shell variable, `--plot "$OUT"`,
+    must not pass for leaving the option out)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty; name a file, or leave it out")
+    return text
 
 
 def positive_float(text: str) -> float:

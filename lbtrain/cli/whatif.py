@@ -14,6 +14,7 @@ from lbtrain.cli.common import (
     positive_float,
     positive_int,
 )
+from lbtrain.cli.flags import file_name
 from lbtrain.cli.whatif_checks import (
     DEFAULT_MAX_DEVICES,
     DEFAULT_NETWORK,
@@ -132,7 +133,7 @@ def _add_cluster_options(add: Any) -> None:
 
 def _add_speed_options(add: Any) -> None:
     """Where each device's speed comes from: profiles, a device table, a roofline's work."""
-    add("--profiles",
+    add("--profiles", type=file_name,
         help="profiles file of `lbtrain profile`: measured alpha and beta (default: none, "
         "the roofline)")  # fmt: skip
     add("--workload", help="the workload (as `lbtrain train` names it) whose model "
@@ -143,6 +144,7 @@ def _add_speed_options(add: Any) -> None:
         "GPUs by name, cpu-core every cpu profile)")  # fmt: skip
     add(
         "--devices-file",
+        type=file_name,
         help="TOML/JSON table of more devices, SI units (default: the built-in table)",
     )
     add(
@@ -184,8 +186,8 @@ def _add_output_options(add: Any) -> None:
     add("--parallelism", action="store_true",
         help="compare data, spatial and pipeline parallelism on the cluster's devices (needs "
         "--count-flops and --global-batch) (default: data parallelism only)")  # fmt: skip
-    add("--plot", help="write the scaling table or the sweep as an image, needs matplotlib "
-        "(default: none)")  # fmt: skip
+    add("--plot", type=file_name, help="write the scaling table or the sweep as an image, "
+        "needs matplotlib (default: none)")  # fmt: skip
 
 
 def run(args: argparse.Namespace, comm: Communicator) -> int:

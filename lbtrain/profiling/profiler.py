@@ -231,7 +231,8 @@ def _climb(
     reserve = 0.3 if device.type == "cuda" and config.memory_cap else 0.0
     budget = config.time_budget * (1.0 - reserve)
     measured = _time_ladder(
-        ladder, config, _fitting(steps.timed_step), elapsed, budget=budget,
+        ladder, config, _fitting(steps.timed_step, config.batch_sizes is not None), elapsed,
+        budget=budget,
         tail=config.memory_cap and device.type != "cuda",
     )  # fmt: skip
     steps.clear()
@@ -242,9 +243,10 @@ def _climb(
 _NO_MEMORY = ("can't allocate memory", "tried to allocate", "out of memory")
 
 
-def _fitting(timed_step: Callable[[int], float]) -> Callable[[int], float]:
+def _fitting(timed_step: Callable[[int], float], asked: bool) -> Callable[[int], float]:
     """`timed_step`, where a batch too big for memory is one line naming its size (a rung
-    asked for, as --batch-sizes 16,1000000000; torch's message names bytes, not batches)."""
+    asked for, as --batch-sizes 16,1000000000, when `asked`; else one the ladder took from
+    the global batch). torch's message names bytes, not batches."""
 
     def step(size: int) -> float:
         try:
@@ -253,9 +255,14 @@ def _fitting(timed_step: Callable[[int], float]) -> Callable[[int], float]:
             text = " ".join(str(exc).split())
             if not any(words in text.lower() for words in _NO_MEMORY):
                 raise
+            fix = (
+                "profile smaller --batch-sizes"
+                if asked
+                else "lower the global batch, or give this rank more memory"
+            )
             raise ValueError(
-                f"--batch-sizes: a training step at batch {size:,} does not fit in this "
-                f"rank's memory ({text[:160]}); profile smaller batches"
+                f"profiling: a training step at batch {size:,} does not fit in this rank's "
+                f"memory ({text[:160]}); {fix}"
             ) from None
 
     return step

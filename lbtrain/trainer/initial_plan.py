@@ -71,7 +71,11 @@ def make_plan(
 
 def check_plan_files(comm: Communicator, config: TrainConfig) -> None:
     """A plan or profiles file that cannot serve this job, refused before the workload loads
-    its data (a download, minutes of reading); collective. `make_plan` reads it again."""
+    its data (a download, minutes of reading); collective. `make_plan` reads it again. Not
+    for a resumed run, which keeps its checkpoint's plan where nothing changed (the file may
+    be gone by then): `make_plan` reads the file when it needs it."""
+    if config.resume:
+        return
     if config.plan:
         data = root_value(comm, lambda: _read_plan(config.plan))
         agree(comm, lambda: _plan_from(data, config, comm.size))

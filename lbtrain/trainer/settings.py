@@ -136,13 +136,23 @@ def read_on_off(config_class: type, data: Mapping[str, Any]) -> dict[str, Any]:
     return read
 
 
+# Settings whose empty value says "none", overriding what a resumed checkpoint had (the
+# way to drop its emulation when the number of ranks changed, as the refusal says).
+CLEARED_BY_EMPTY = ("emulate_slowdown", "emulate_change")
+
+
 def check_setting(field: dataclasses.Field[Any], value: Any) -> None:
     """Raise one ValueError naming the setting, the value and the fix, if `value` is out."""
     meta, name = field.metadata, field.name
     if value is None and field_default(field) is None:
         return  # an optional setting left out
     kind = meta["kind"]
-    if kind == "str" and isinstance(value, str) and not value.strip():
+    if (
+        kind == "str"
+        and isinstance(value, str)
+        and not value.strip()
+        and name not in CLEARED_BY_EMPTY
+    ):
         # An unset shell variable ("--plan $PLAN") must not pass for leaving the setting out.
         raise ValueError(f"{name}={value!r} is empty; give a value, or leave it out")
     if kind == "bool" and not isinstance(value, bool):

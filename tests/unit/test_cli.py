@@ -223,12 +223,23 @@ def test_cuda_index_beyond_two_gpus(capsys, monkeypatch, tmp_path):
     _one_line_error(code, err, "cuda:3", "2 CUDA device(s)")
 
 
-def test_argument_type_errors_name_the_option(capsys):
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["balance-report", "--global-batch", "0"], ("--global-batch", "must be >= 1")),
+        # Once silently "not given" (an unset variable): no profiles saved, or profiling
+        # where a file was meant, or no plot.
+        (["balance-report", "--save-profiles", ""], ("--save-profiles: ''", "is empty")),
+        (["balance-report", "--profiles", " "], ("--profiles: ' '", "is empty")),
+        (["what-if", "--cluster", "2x h100", "--plot", ""], ("--plot: ''", "is empty")),
+    ],
+)
+def test_argument_type_errors_name_the_option(argv, needles, capsys):
     with pytest.raises(SystemExit) as info:
-        main(["balance-report", "--global-batch", "0"])
+        main(argv)
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert "--global-batch" in err and "must be >= 1" in err and "Traceback" not in err
+    assert all(needle in err for needle in needles) and "Traceback" not in err, err
 
 
 def test_profile_writes_the_file_single_process(capsys, tmp_path):

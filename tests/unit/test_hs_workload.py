@@ -125,7 +125,10 @@ def test_converters_take_strings_and_toml_values():
         ({"split_file": "/nonexistent/split.npz"}, ("--split-file", "no such file")),
         ({"ensemble": 0}, ("--ensemble 0", ">= 1")),
         # Once built until the kernel killed the job, with no message.
-        ({"ensemble": 10**12}, ("--ensemble 1,000,000,000,000", "GiB", "use at most")),
+        (
+            {"ensemble": 10**12},
+            ("--ensemble 1,000,000,000,000", "GiB", "weights alone", "use far fewer members"),
+        ),
         ({"split_file": ""}, ("--split-file ''", "is empty", "leave the option out")),
         ({"data_dir": " "}, ("--data-dir ' '", "is empty")),
         ({"ensemble": "two"}, ("--ensemble 'two'", "a whole number")),

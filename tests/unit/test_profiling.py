@@ -495,14 +495,15 @@ def test_a_rung_too_big_for_memory_is_one_line_naming_the_batch():
             "you tried to allocate 256000000000 bytes"
         )
 
-    with pytest.raises(ValueError) as info:
-        _fitting(no_room)(1_000_000_000)
-    message = str(info.value)
-    assert message.startswith("--batch-sizes: a training step at batch 1,000,000,000 does not")
-    assert "profile smaller batches" in message and "\n" not in message
+    for asked, fix in ((True, "profile smaller --batch-sizes"), (False, "lower the global batch")):
+        with pytest.raises(ValueError) as info:
+            _fitting(no_room, asked)(1_000_000_000)
+        message = str(info.value)
+        assert message.startswith("profiling: a training step at batch 1,000,000,000 does not")
+        assert fix in message and "\n" not in message
 
     def broken(size: int) -> float:
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
 
     with pytest.raises(RuntimeError, match="mat1 and mat2"):  # not a memory error: as it was
-        _fitting(broken)(8)
+        _fitting(broken, True)(8)

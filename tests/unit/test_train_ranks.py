@@ -11,6 +11,7 @@ tests/mpi/test_train_faults.py.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -427,6 +428,12 @@ def test_a_resume_on_other_ranks_names_the_checkpoints_emulation_and_the_way_on(
     line = _one_error_line(refused)
     assert line.startswith("lbtrain: error: --emulate-slowdown 1,3 comes from the checkpoint"), line
     assert "with 3 factors, or --emulate-slowdown '' to train without it" in line, line
+    # The way on, as the line gives it (a copy: the run below continues the original).
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    dropped = lbtrain_ranks(3, "train", "--resume", str(copy), "--epochs", "2",
+                            "--emulate-slowdown", "")  # fmt: skip
+    assert dropped.codes == [0, 0, 0], dropped.output()
     # Only the slowdown changes, on as many ranks: the reason to plan again shows it.
     same = lbtrain_ranks(2, "train", "--resume", str(out), "--epochs", "2",
                          "--emulate-slowdown", "1")  # fmt: skip

@@ -88,6 +88,10 @@ def test_a_file_that_is_no_plan_is_named_as_such():
                     "replicas": [{"throughput": 1.0}]}, config, 1)  # fmt: skip
 
 
+def test_an_empty_emulation_clears_a_checkpoints_as_its_refusal_says():
+    TrainConfig(emulate_slowdown="", emulate_change="").validate()
+
+
 def test_profiles_still_take_a_policy_a_smallest_batch_and_a_budget_to_re_time():
     TrainConfig(profiles="p.json", policy="equal", min_batch=2, time_budget=3.0).validate()
 
@@ -718,3 +722,28 @@ def test_a_plan_or_profiles_file_is_read_before_the_data(option, tmp_path, monke
     argv = ["train", "--dataset", "synthetic", option, missing, "--out", str(tmp_path / "r")]
     assert main(argv, comm=SingleProcessCommunicator()) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_a_resumed_run_keeps_its_checkpoints_plan_though_the_plan_file_is_gone(tmp_path):
+    """--resume auto with --plan: where nothing changed the checkpoint's plan serves, so a
+    plan file deleted since (a node's /tmp) must not stop the restart before make_plan."""
+    from lbtrain import SingleProcessCommunicator
+    from lbtrain.trainer.initial_plan import check_plan_files
+
+    comm, gone = SingleProcessCommunicator(), str(tmp_path / "gone.json")
+    check_plan_files(comm, TrainConfig(plan=gone, resume="auto", out=str(tmp_path / "run")))
+    with pytest.raises(Exception, match="gone.json' does not exist"):
+        check_plan_files(comm, TrainConfig(plan=gone))
+
+
+def test_progress_counts_batches_whatever_the_collate_makes_of_the_targets():
+    comm, cpu, model = SingleProcessCommunicator(), torch.device("cpu"), nn.Linear(2, 2)
+    data = TensorDataset(torch.randn(5, 2), torch.zeros(5, dtype=torch.long))
+    heard: list[tuple[int, int]] = []
+
+    def no_targets(items):  # a predict_set's targets are ignored: a collate may drop them
+        return torch.stack([x for x, _ in items]), None
+
+    predict(model, data, comm, [1.0], device=cpu, batch_size=2, collate_fn=no_targets,
+            progress=lambda done, total: heard.append((done, total)))  # fmt: skip
+    assert heard == [(0, 5), (2, 5), (4, 5), (5, 5)]
