@@ -24,7 +24,7 @@ from lbtrain.text import device_label, plural
 from lbtrain.trainer.config import TrainConfig
 from lbtrain.workloads import Workload
 
-__all__ = ["check_plan_files", "check_profiled", "make_plan", "plan_notes"]
+__all__ = ["check_plan_files", "check_profiled", "make_plan", "plan_notes", "plan_record"]
 
 
 def make_plan(
@@ -46,6 +46,7 @@ def make_plan(
     if config.plan:
         data = root_value(comm, lambda: _read_plan(config.plan))
         plan = agree(comm, lambda: _plan_from(data, config, comm.size))
+        agree(comm, lambda: _check_made_for(data, workload, config.plan))
         return plan, None
     profiles = None
     if config.profiles:
@@ -285,6 +286,33 @@ def check_profiled_ranks(
                 "profile again with this job's emulate_slowdown, or emulate the file's: "
                 f"emulate_slowdown={','.join(f'{p.slowdown:g}' for p in profiles)!r}"
             )
+
+
+def plan_record(plan: BalancePlan, workload: Workload) -> str:
+    """plan.json's text: the plan, and the model it was made for (`made_for`), so that a
+    --plan of another model is refused like its profiles would be. `BalancePlan.from_dict`
+    reads the plan's own fields only."""
+    made_for = {"workload": workload.name, "model": _model_name(workload),
+                "sample_shape": list(workload.sample_shape)}  # fmt: skip
+    return json.dumps({**plan.to_dict(), "made_for": made_for}, indent=2) + "\n"
+
+
+def _check_made_for(data: Any, workload: Workload, path: str) -> None:
+    """Refuse a plan made for another model: its speeds (alpha, beta) are that model's, so
+    every prediction would be wrong until re-planning caught up. A plan without the record
+    (written before it, or by hand) is taken as it is."""
+    made = data.get("made_for") if isinstance(data, dict) else None
+    if not isinstance(made, dict):
+        return
+    model, shape = _model_name(workload), list(workload.sample_shape)
+    theirs = (made.get("workload"), made.get("model"), made.get("sample_shape"))
+    if theirs != (workload.name, model, shape):
+        raise ValueError(
+            f"plan {path!r} was made for the {theirs[0]} workload's {theirs[1]} with samples "
+            f"{_shape(theirs[2] or [])}, but this run trains {model} with samples "
+            f"{_shape(shape)}; leave the plan file out to plan now, or pass the plan.json of "
+            "a run of this model"
+        )
 
 
 def _model_name(workload: Workload) -> str:

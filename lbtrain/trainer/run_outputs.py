@@ -24,6 +24,7 @@ from lbtrain.outputs import atomic_write_text
 from lbtrain.profiling.record import profiles_to_dict
 from lbtrain.text import plural
 from lbtrain.trainer.config import save_toml
+from lbtrain.trainer.initial_plan import plan_record
 from lbtrain.trainer.resume import set_aside_damaged
 from lbtrain.trainer.run_folder import release_run_folder, start_run_folder
 from lbtrain.trainer.summary import device_label
@@ -88,7 +89,7 @@ def _start(setup: Setup, outputs: RunOutputs) -> None:
     if config.plan:
         config = replace(config, policy=plan.policy, min_batch=plan.min_batch)
     save_toml(out / "config.toml", config)
-    atomic_write_text(out / "plan.json", plan.to_json() + "\n")
+    atomic_write_text(out / "plan.json", plan_record(plan, setup.workload))
     if setup.profiles is not None:
         text = json.dumps(profiles_to_dict(setup.profiles), indent=2) + "\n"
         atomic_write_text(out / "profiles.json", text)
@@ -170,7 +171,7 @@ def write_outputs(
     """On rank 0, after the last epoch: the plan in force, the final metrics, the curves, the
     workload's own files, and summary.json last (a run without it did not finish)."""
     out, workload = setup.out, setup.workload
-    atomic_write_text(out / "plan.json", plan.to_json() + "\n")  # the plan in force now
+    atomic_write_text(out / "plan.json", plan_record(plan, workload))  # the plan in force now
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     title = f"{workload.name}, {plural(setup.comm.size, 'rank')}, policy {plan.policy}"
     if setup.config.curves:
