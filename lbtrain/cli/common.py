@@ -307,6 +307,14 @@ def _add_ladder_arguments(group: Any) -> None:
 
 
 def _profile_config(args: argparse.Namespace, world_size: int) -> ProfileConfig:
+    if args.batch_sizes is not None and len(args.batch_sizes) == 1:
+        # One rung fits no line: the fixed cost a step would read 0 and the cost policy
+        # would plan as proportional does, silently.
+        raise ValueError(
+            f"--batch-sizes {args.batch_sizes[0]} is one size; a profile fits a line through "
+            "two or more (the fixed cost a step and the cost a sample), e.g. "
+            f"--batch-sizes {args.batch_sizes[0]},{2 * args.batch_sizes[0]}"
+        )
     min_repeats = min(3, args.repeats)
     reference = args.reference_batch
     if reference is None and getattr(args, "global_batch", None) is not None:

@@ -158,6 +158,8 @@ def test_bad_profile_files(content, needles, capsys, tmp_path):
         (["--emulate-slowdown", "0"], ("--emulate-slowdown", "not positive")),
         (["--emulate-slowdown", "-1"], ("--emulate-slowdown", "not positive")),
         (["--threads", "100000000"], ("--threads 100,000,000", "at most 4,096")),
+        # One rung fits no line: alpha came out 0, and cost planned as proportional does.
+        (["--batch-sizes", "16"], ("--batch-sizes 16 is one size", "--batch-sizes 16,32")),
         (["--workload", "nosuch"], ("--workload 'nosuch' is unknown", "patch-cnn")),
     ],
 )
