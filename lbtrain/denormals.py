@@ -42,6 +42,8 @@ def flush_denormals(on: bool = True) -> bool:
     where the CPU has no such mode (not x86 with SSE3), or where torch's threads are not an
     OpenMP team that this can reach.
     """
+    if not isinstance(on, bool):  # torch's own refusal names neither the argument nor us
+        raise TypeError(f"on={on!r} ({type(on).__name__}) must be True or False")
     if not torch.set_flush_denormal(on):
         return not on  # no such mode: nothing flushes, which is "off" in force
     if flushing_threads() is not on:

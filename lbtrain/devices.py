@@ -20,6 +20,7 @@ import torch
 
 from lbtrain.comm import Communicator
 from lbtrain.comm.launchers import torchrun_local_rank
+from lbtrain.parallel.checks import require_communicator
 from lbtrain.text import plural
 
 __all__ = [
@@ -249,6 +250,7 @@ def assign_devices(
     Returns:
         The DeviceAssignment; call `.apply()` to set torch's threads and current device.
     """
+    require_communicator(comm)
     layout = node_layout(comm)
     # Collective: before anything that may raise on one rank alone (a device it lacks).
     default = rank_threads(comm, layout, cores)

@@ -58,6 +58,16 @@ class BalancePlan:
         )
         if self.policy not in POLICIES:
             raise ValueError(f"policy={self.policy!r} is unknown; choose one of {POLICIES}")
+        # A float, a bool or 0 once passed here and failed deep in the loader (or as a
+        # ZeroDivisionError in the weights).
+        whole("global_batch_size", self.global_batch_size, low=1)
+        if not self.batch_sizes:
+            raise ValueError("batch_sizes is empty; a plan needs one batch size per rank")
+        if self.comm is not None and not isinstance(self.comm, CommCost | dict):
+            raise TypeError(
+                f"comm={self.comm!r:.60} ({type(self.comm).__name__}) is not a CommCost; "
+                "pass CommCost(...) or leave it out"
+            )
         if len(self.batch_sizes) != len(self.replicas):
             raise ValueError(
                 f"batch_sizes has {len(self.batch_sizes)} entries but replicas has "

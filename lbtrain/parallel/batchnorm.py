@@ -42,6 +42,7 @@ from lbtrain.collective import CollectiveError, agree
 from lbtrain.comm import Communicator
 from lbtrain.parallel.batchnorm_host import kernels, setting
 from lbtrain.parallel.batchnorm_step import _SyncBatchNormFunction
+from lbtrain.parallel.checks import require_communicator
 
 __all__ = [
     "BatchNormMismatch",
@@ -182,6 +183,7 @@ def convert_sync_batchnorm(model: nn.Module, comm: Communicator) -> nn.Module:
     """
     if not isinstance(model, nn.Module):  # the same on every rank: before the collective
         raise TypeError(f"model={model!r:.60} is not an nn.Module; pass the model to convert")
+    require_communicator(comm)
     problem = _unsupported(model) or _host_kernels_problem(model)
     layers = comm.allgather(None if problem else _layout(model))
     try:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lbtrain.balancer.checks import flag
 from lbtrain.data import BalancedLoader
 from lbtrain.data.sampler import disagreement, fingerprint
 
@@ -53,7 +54,7 @@ class WeightedHookState:
             )
         self.loader = loader
         self.process_group = process_group
-        self.prescaled = bool(prescaled)
+        self.prescaled = flag("prescaled", prescaled)  # "no" is truthy: it must not pass
         self.checked = False
 
     def check(self, device: torch.device) -> None:

@@ -217,7 +217,8 @@ class GradientSync:
         if any(b.launched for b in self.buckets):
             raise RuntimeError("the weight of a step changed after its buckets started")
         self._weight = check_weight(weight)
-        self._scale = not prescaled
+        # A truthy string ("no") would silently leave the weight out of every gradient.
+        self._scale = not flag("prescaled", prescaled)
 
     def flush_ready(self) -> None:
         """Start, in order, every bucket whose gradients are all in (before another collective).
@@ -268,7 +269,8 @@ class GradientSync:
     def _start(self, weight: float, prescaled: bool) -> None:
         """A new step's weight, once the last step's allreduces have all completed."""
         self._weight = check_weight(weight)
-        self._scale = not prescaled
+        # A truthy string ("no") would silently leave the weight out of every gradient.
+        self._scale = not flag("prescaled", prescaled)
         if any(b.request is not None and not b.request.test() for b in self.buckets):
             raise RuntimeError(
                 "a step started while the last one's allreduces were still in flight: call "
@@ -372,6 +374,7 @@ def sync_gradients(
             `weight` is still this rank's b_i / B, checked but not applied.
     """
     check_weight(weight)
+    flag("prescaled", prescaled)
     require_communicator(comm)
     if not isinstance(model, nn.Module):
         check_weights_agree(weight, comm)

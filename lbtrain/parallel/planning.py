@@ -67,11 +67,10 @@ def plan_for(
 ) -> BalancePlan:
     """Measure how fast this rank trains `model`, and plan the global batch; collective.
 
-    Every rank times training steps of its own model on its own device (a ladder of batch
-    sizes made from `sample`), the ranks share what they measured and the sync time of the
-    model's gradients, and every rank gets the same plan; a share outside the batches a rank
-    measured is timed where it falls and the plan made again, as `lbtrain train` does
-    (`lbtrain.profiling.measured_plan`). The model and optimizer are left as found.
+    Every rank times training steps of its own model on its own device (batch sizes made
+    from `sample`), the ranks share those and their sync time, and every rank gets the same
+    plan; a share outside the measured batches is timed and the plan made again, as `lbtrain
+    train` does. The model and optimizer are left as found.
 
     Args:
         model: the model, on this rank's device, the same on every rank.
@@ -91,11 +90,12 @@ def plan_for(
         sync_batchnorm: as passed to `BalancedDataParallel`: its BatchNorm collectives join
             the measured sync time.
 
-    Returns:
-        The BalancePlan; pass it to `balanced_loader`.
+    Returns: the BalancePlan, for `balanced_loader`.
     """
 
-    caps = _check_arguments(comm, model, sample, global_batch, policy, min_batch, caps, time_budget)
+    caps = _check_arguments(
+        comm, model, sample, global_batch, policy, min_batch, caps, time_budget, optimizer
+    )
     device = next(model.parameters(), torch.empty(0)).device
 
     def make_batch(size: int, where: torch.device) -> tuple[Any, Any]:
@@ -111,6 +111,28 @@ def plan_for(
     return measure_and_plan(comm, steps, request, time_budget, profiles)[0]
 
 
+def _check_what_is_timed(model: Any, sample: Any, optimizer: Any) -> None:
+    """The model, its optimizer and the sample batch: each of these, wrong, once failed deep
+    in profiling in torch's words (a bare tensor as `sample` split into rows)."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model={model!r:.60} is not an nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            f"model {type(model).__name__} has no trainable parameters: there is nothing "
+            "to train, or to time; pass the model training will update"
+        )
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(
+            f"optimizer={optimizer!r:.60} is not a torch.optim.Optimizer; pass the one "
+            "training will use (over this model's parameters), or leave it out"
+        )
+    if not (isinstance(sample, tuple | list) and len(sample) == 2):
+        raise ValueError(
+            f"sample must be one batch as a pair (inputs, targets), not a "
+            f"{type(sample).__name__}, e.g. next(iter(DataLoader(dataset, batch_size=8)))"
+        )
+
+
 def _check_arguments(
     comm: Communicator,
     model: nn.Module,
@@ -120,6 +142,7 @@ def _check_arguments(
     min_batch: int,
     caps: Sequence[int | None] | None,
     time_budget: float,
+    optimizer: Any = None,
 ) -> Sequence[int | None] | None:
     """Refuse bad arguments on every rank alike, and arguments that differ between ranks;
     `caps` read once (a generator)."""
@@ -141,8 +164,7 @@ def _check_arguments(
                 f"time_budget={time_budget!r} must be a positive number of seconds (each "
                 "rank's profiling, about), e.g. 10"
             )
-        if not isinstance(model, nn.Module):
-            raise ValueError(f"model={model!r:.60} is not an nn.Module")
+        _check_what_is_timed(model, sample, optimizer)
         rows = _rows(sample)
         if not rows:
             raise ValueError(

@@ -96,6 +96,11 @@ class TrainState:
                 "global_batch": self.loader.plan.global_batch_size,
                 "seed": sampler.seed,
                 "world_size": self.comm.size,
+                # What else fixes the global batches: restored into a loader over another
+                # dataset, the step would land in another permutation.
+                "samples": sampler.num_samples,
+                "shuffle": sampler.shuffle,
+                "drop_last": sampler.drop_last,
             }
             buffer = io.BytesIO()
             torch.save(state, buffer)
@@ -146,6 +151,18 @@ class TrainState:
                 f"this loader has {ours[0]} and {ours[1]}: the global batches would differ; "
                 "build the loader with the saved ones"
             )
+        # Files saved before these were recorded lack them: checked where present.
+        for key, value in (("samples", sampler.num_samples), ("shuffle", sampler.shuffle),
+                           ("drop_last", sampler.drop_last)):  # fmt: skip
+            if key in state and state[key] != value:
+                saved = (
+                    f"a dataset of {state[key]!r}" if key == "samples" else f"{key}={state[key]!r}"
+                )
+                return (
+                    f"{str(path)!r} was saved with {saved}, this loader has {value!r}: the "
+                    "global batches would differ; build the loader over the saved dataset, "
+                    "as it was"
+                )
         return None
 
 

@@ -582,6 +582,10 @@ def test_plan_for_profiles_the_real_model_on_every_rank():
         ({"time_budget": -1}, "time_budget=-1 must be a positive number of seconds"),
         ({"time_budget": float("nan")}, "time_budget=nan must be a positive number"),
         ({"time_budget": "10"}, "time_budget='10' (str) is not a number"),
+        # Each once failed deep in profiling, in torch's words.
+        ({"sample": torch.zeros(2, 4)}, "sample must be one batch as a pair (inputs, targets)"),
+        ({"model": nn.ReLU()}, "model ReLU has no trainable parameters"),
+        ({"optimizer": "sgd"}, "optimizer='sgd' is not a torch.optim.Optimizer"),
     ],
 )
 def test_plan_for_refuses_bad_arguments_before_profiling(kwargs, message):
@@ -671,3 +675,16 @@ def test_outputs_kept_past_the_wrapper_do_not_keep_it_alive():
     assert alive() is None
     with pytest.raises(RuntimeError, match="BalancedDataParallel that no longer exists"):
         loss.backward()
+
+
+def test_a_prescaled_that_is_not_a_bool_is_refused_not_read_as_true():
+    """`prescaled="no"` is truthy: the weight was left out of every gradient (2.08 off one
+    process on 2 ranks, with no error)."""
+    from lbtrain import WeightedHookState
+
+    model = nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"prescaled='no' \(str\) must be True or False"):
+        sync_gradients(model, 1.0, SingleProcessCommunicator(), prescaled="no")
+    loader = balanced_loader(plan_batches([1.0], 4, "equal"), list(range(8)), rank=0)
+    with pytest.raises(TypeError, match=r"prescaled='no' \(str\) must be True or False"):
+        WeightedHookState(loader, prescaled="no")

@@ -47,6 +47,13 @@ def test_a_state_of_another_global_batch_is_refused_on_every_rank(tmp_path):
     torch.save({**saved, "global_batch": 16}, path)
     with pytest.raises(ValueError, match="saved with global batch 16 and seed 3"):
         _ranks(2, [1.0, 1.0], path)
+    # Over another dataset the step once landed in another permutation, silently.
+    torch.save({**saved, "samples": saved["samples"] - 8}, path)
+    with pytest.raises(ValueError, match=r"saved with a dataset of \d+, this loader has \d+"):
+        _ranks(2, [1.0, 1.0], path)
+    torch.save({**saved, "shuffle": not saved["shuffle"]}, path)
+    with pytest.raises(ValueError, match=r"saved with shuffle=(True|False), this loader"):
+        _ranks(2, [1.0, 1.0], path)
     path.write_text("not a state")
     with pytest.raises(ValueError, match="cannot be read as a TrainState"):
         loop(SingleProcessCommunicator(), [1.0], path)
