@@ -44,8 +44,7 @@ def make_plan(
             return resumed
         known = _known_profiles(checkpoint, devices)
     if config.plan:
-        data = root_value(comm, lambda: _read_plan(config.plan))
-        plan = agree(comm, lambda: _plan_from(data, config, comm.size))
+        data, plan = _plan_file(comm, config)
         agree(comm, lambda: _check_made_for(data, workload, config.plan))
         return plan, None
     profiles = None
@@ -78,10 +77,15 @@ def check_plan_files(comm: Communicator, config: TrainConfig) -> None:
     if config.resume:
         return
     if config.plan:
-        data = root_value(comm, lambda: _read_plan(config.plan))
-        agree(comm, lambda: _plan_from(data, config, comm.size))
+        _plan_file(comm, config)
     if config.profiles:
         load_profiles_collective(comm, config.profiles, world_size=comm.size)
+
+
+def _plan_file(comm: Communicator, config: TrainConfig) -> tuple[Any, BalancePlan]:
+    """The --plan file as rank 0 read it, and its plan checked against this job; collective."""
+    data = root_value(comm, lambda: _read_plan(config.plan))
+    return data, agree(comm, lambda: _plan_from(data, config, comm.size))
 
 
 def _known_profiles(
